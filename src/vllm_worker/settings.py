@@ -1,0 +1,123 @@
+"""The worker's own settings, parsed once from the environment and validated.
+
+Users configure the worker only through environment variables and read nothing
+but a job's error response, so a bad value must not crash the container with a
+traceback: `load()` raises `SettingsError`, whose text is one sentence naming the
+variable, the value and what is accepted, and `main` answers every job with it.
+
+Variables that become `vllm serve` flags are `args_builder`'s business, not this
+module's.
+"""
+
+from __future__ import annotations
+
+import math
+import shlex
+from dataclasses import dataclass
+from typing import Callable, Mapping, TypeVar
+
+T = TypeVar("T")
+
+
+class SettingsError(ValueError):
+    """A worker variable holds a value the worker cannot use."""
+
+    def __init__(self, variable: str, value: str, accepted: str) -> None:
+        self.variable = variable
+        self.value = value
+        self.accepted = accepted
+        super().__init__(f"{variable}={value!r} is not valid: {accepted}.")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything the worker itself reads from the environment."""
+
+    max_concurrency: int = 30
+    vllm_port: int = 8000
+    vllm_host: str = "127.0.0.1"
+    vllm_command: tuple[str, ...] = ("vllm", "serve")
+    startup_timeout: float = 3600.0
+    request_timeout: float = 600.0
+    ready_timeout: float = 300.0
+    stop_grace: float = 10.0
+    gpu_memory_wait_timeout: float = 300.0
+    log_tail_lines: int = 400
+
+
+# name -> (default as documented, description); README's table is checked against this.
+DOCUMENTED: dict[str, tuple[str, str]] = {
+    "MAX_CONCURRENCY": ("30", "jobs one worker runs at once; also the default MAX_NUM_SEQS (rounded up to a multiple of 8)"),
+    "VLLM_PORT": ("8000", "loopback port of the supervised `vllm serve`"),
+    "VLLM_COMMAND": ("vllm serve", "command that starts the engine (shell words)"),
+    "VLLM_STARTUP_TIMEOUT": ("3600", "seconds the engine may take to download, load and become ready"),
+    "REQUEST_TIMEOUT": ("600", "seconds one job may wait for the engine's answer"),
+    "WORKER_READY_TIMEOUT": ("300", "seconds a job waits for an engine that is being (re)started"),
+    "VLLM_STOP_GRACE": ("10", "seconds between SIGTERM and SIGKILL when the engine is stopped"),
+    "GPU_MEMORY_WAIT_TIMEOUT": ("300", "seconds to wait for GPU memory held by a previous process to be released"),
+    "ENGINE_LOG_TAIL_LINES": ("400", "lines of the engine's output kept for diagnosing a failure"),
+}
+
+
+def multiple_of_8_at_least(n: int) -> int:
+    """Smallest multiple of 8 that is >= n (the worker's default MAX_NUM_SEQS)."""
+    return max(8, math.ceil(n / 8) * 8)
+
+
+def _get(env: Mapping[str, str], name: str) -> str | None:
+    value = env.get(name)
+    if value is None or value.strip() == "":
+        return None
+    return value.strip()
+
+
+def _parse(env: Mapping[str, str], name: str, default: T, convert: Callable[[str], T], accepted: str) -> T:
+    raw = _get(env, name)
+    if raw is None:
+        return default
+    try:
+        return convert(raw)
+    except ValueError:
+        raise SettingsError(name, env[name], accepted) from None
+
+
+def _int_in(low: int, high: int | None = None) -> Callable[[str], int]:
+    def convert(raw: str) -> int:
+        value = int(raw)
+        if value < low or (high is not None and value > high):
+            raise ValueError(raw)
+        return value
+
+    return convert
+
+
+def _positive_seconds(raw: str) -> float:
+    value = float(raw)
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(raw)
+    return value
+
+
+def _command(raw: str) -> tuple[str, ...]:
+    words = tuple(shlex.split(raw))
+    if not words:
+        raise ValueError(raw)
+    return words
+
+
+def load(env: Mapping[str, str]) -> Settings:
+    """Parse and validate the worker's variables; raise SettingsError on the first bad one."""
+    seconds = "a number of seconds greater than 0"
+    return Settings(
+        max_concurrency=_parse(env, "MAX_CONCURRENCY", 30, _int_in(1, 4096), "a whole number from 1 to 4096"),
+        vllm_port=_parse(env, "VLLM_PORT", 8000, _int_in(1, 65535), "a port number from 1 to 65535"),
+        vllm_command=_parse(
+            env, "VLLM_COMMAND", ("vllm", "serve"), _command, "a command line such as 'vllm serve', with balanced quotes"
+        ),
+        startup_timeout=_parse(env, "VLLM_STARTUP_TIMEOUT", 3600.0, _positive_seconds, seconds),
+        request_timeout=_parse(env, "REQUEST_TIMEOUT", 600.0, _positive_seconds, seconds),
+        ready_timeout=_parse(env, "WORKER_READY_TIMEOUT", 300.0, _positive_seconds, seconds),
+        stop_grace=_parse(env, "VLLM_STOP_GRACE", 10.0, _positive_seconds, seconds),
+        gpu_memory_wait_timeout=_parse(env, "GPU_MEMORY_WAIT_TIMEOUT", 300.0, _positive_seconds, seconds),
+        log_tail_lines=_parse(env, "ENGINE_LOG_TAIL_LINES", 400, _int_in(10, 100000), "a whole number from 10 to 100000"),
+    )
