@@ -1,0 +1,17 @@
+# `make run`: set up both environments and the tiny model, run the worker, answer two jobs.
+# `make test`: set up what is missing and run the whole suite.
+.PHONY: setup run test bench
+
+setup:
+	bash scripts/setup.sh
+
+run: setup
+	.venv/bin/python scripts/demo.py
+
+test: setup
+	.venv/bin/python -m pytest -ra
+
+bench: setup
+	.venv/bin/python bench/proxy.py
+	.venv/bin/python bench/startup.py
+	.venv/bin/python bench/bad_config.py

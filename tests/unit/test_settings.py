@@ -1,0 +1,66 @@
+"""Settings are parsed once; a bad value is one sentence naming the variable, the value and what is accepted."""
+
+import pytest
+
+from vllm_worker import settings
+from vllm_worker.settings import SettingsError, load, multiple_of_8_at_least
+
+
+def test_defaults() -> None:
+    s = load({})
+    assert s.max_concurrency == 30
+    assert s.vllm_port == 8000
+    assert s.vllm_command == ("vllm", "serve")
+    assert s.vllm_host == "127.0.0.1"
+
+
+def test_values_are_parsed() -> None:
+    s = load(
+        {
+            "MAX_CONCURRENCY": " 12 ",
+            "VLLM_PORT": "8123",
+            "VLLM_COMMAND": "/opt/engine/bin/vllm serve",
+            "REQUEST_TIMEOUT": "2.5",
+            "VLLM_STARTUP_TIMEOUT": "90",
+        }
+    )
+    assert (s.max_concurrency, s.vllm_port, s.request_timeout, s.startup_timeout) == (12, 8123, 2.5, 90.0)
+    assert s.vllm_command == ("/opt/engine/bin/vllm", "serve")
+
+
+def test_empty_value_means_default() -> None:
+    assert load({"MAX_CONCURRENCY": ""}).max_concurrency == 30
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "accepted_word"),
+    [
+        ("MAX_CONCURRENCY", "abc", "whole number"),
+        ("MAX_CONCURRENCY", "0", "whole number"),
+        ("MAX_CONCURRENCY", "-3", "whole number"),
+        ("VLLM_PORT", "70000", "port"),
+        ("REQUEST_TIMEOUT", "0", "seconds"),
+        ("REQUEST_TIMEOUT", "nan", "seconds"),
+        ("VLLM_STARTUP_TIMEOUT", "soon", "seconds"),
+        ("VLLM_COMMAND", "vllm 'serve", "quotes"),
+    ],
+)
+def test_bad_value_is_one_sentence(name: str, value: str, accepted_word: str) -> None:
+    with pytest.raises(SettingsError) as caught:
+        load({name: value})
+    message = str(caught.value)
+    assert message.startswith(f"{name}={value!r} is not valid: ")
+    assert accepted_word in message
+    assert message.endswith(".") and "\n" not in message
+    assert caught.value.variable == name
+
+
+def test_every_documented_variable_is_read() -> None:
+    for name in settings.DOCUMENTED:
+        with pytest.raises(SettingsError):
+            load({name: "not-a-valid-value-\"'"})
+
+
+@pytest.mark.parametrize(("n", "expected"), [(1, 8), (8, 8), (9, 16), (30, 32), (32, 32), (33, 40)])
+def test_multiple_of_8(n: int, expected: int) -> None:
+    assert multiple_of_8_at_least(n) == expected
