@@ -17,6 +17,7 @@ Run it with the engine's interpreter (transformers, tokenizers and torch live th
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import shutil
@@ -24,7 +25,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-# A stamp written last: a directory without it is an interrupted run, not a model.
+# Written last, holding what was asked for and a hash of this script: a directory without it (an
+# interrupted run) or with another one (other arguments, an edited generator) is regenerated.
 COMPLETE_MARK = ".complete"
 
 CHAT_TEMPLATE = (
@@ -104,6 +106,7 @@ def make(
     max_position_embeddings: int,
     dtype: str,
     seed: int,
+    mark: dict[str, object],
 ) -> Path:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -150,7 +153,7 @@ def make(
         _portable_tokenizer_class(staging / "tokenizer_config.json")
         for path in (staging, *staging.iterdir()):
             path.chmod(0o755 if path.is_dir() else 0o644)
-        (staging / COMPLETE_MARK).write_text(json.dumps(_shape(layers, heads, kv_heads, head_dim, hidden, dtype)) + "\n")
+        (staging / COMPLETE_MARK).write_text(json.dumps(mark, sort_keys=True) + "\n")
         if out.exists():
             shutil.rmtree(out)
         os.replace(staging, out)
@@ -175,10 +178,6 @@ def _portable_tokenizer_class(tokenizer_config_path: Path) -> None:
     tokenizer_config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
-def _shape(layers: int, heads: int, kv_heads: int, head_dim: int, hidden: int, dtype: str) -> dict[str, object]:
-    return {"layers": layers, "heads": heads, "kv_heads": kv_heads, "head_dim": head_dim, "hidden": hidden, "dtype": dtype}
-
-
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, default=Path(".cache/tiny-llama"))
@@ -199,13 +198,23 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-def is_complete(out: Path) -> bool:
-    return (out / COMPLETE_MARK).is_file() and (out / "model.safetensors").is_file()
+def expected_mark(args: argparse.Namespace) -> dict[str, object]:
+    shape = {k: v for k, v in vars(args).items() if k not in ("out", "force")}
+    return {"generator": hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16], **shape}
+
+
+def is_complete(out: Path, mark: dict[str, object]) -> bool:
+    try:
+        found = json.loads((out / COMPLETE_MARK).read_text())
+    except (OSError, ValueError):
+        return False
+    return found == mark and (out / "model.safetensors").is_file() and (out / "tokenizer.json").is_file()
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    if is_complete(args.out) and not args.force:
+    mark = expected_mark(args)
+    if is_complete(args.out, mark) and not args.force:
         print(f"{args.out}: already complete")
         return 0
     out = make(
@@ -220,6 +229,7 @@ def main(argv: list[str] | None = None) -> int:
         max_position_embeddings=args.max_position_embeddings,
         dtype=args.dtype,
         seed=args.seed,
+        mark=mark,
     )
     size = sum(f.stat().st_size for f in out.iterdir() if f.is_file())
     print(f"{out}: tiny llama written ({size / 1e6:.1f} MB)")

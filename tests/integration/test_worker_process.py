@@ -1,0 +1,286 @@
+"""The worker as a process, through the real runpod SDK job loop, seen as a client sees it.
+
+Users read nothing but a job's response, so these tests assert exactly what the
+control plane receives from `python -m vllm_worker run`: the sentence every job is
+answered with when the configuration is wrong, the relayed completion when the
+engine serves, the SSE chunks of a streamed job, and that HF_TOKEN never shows up in
+the worker's log, its engine's command line, or any response.
+
+The engine here is `tests/support/fake_vllm.py` serving small OpenAI-shaped answers:
+these tests are about the worker's process edges, and the real CPU engine is
+exercised in tests/engine. HF_HUB_OFFLINE=1 skips the Hub pre-flight (no Hub stand-in).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence
+
+import pytest
+
+from tests.support import fake_vllm
+from tests.support.control_plane import ControlPlane
+from tests.support.worker_proc import WorkerProcess
+from vllm_worker import settings as worker_settings
+
+pytestmark = pytest.mark.integration
+
+MODEL = "acme/tiny-chat"
+SECRET = "hf_secret123"
+JOB_TIMEOUT = 120.0
+MESSAGES = [{"role": "user", "content": "Say five words."}]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def settings_error(env: dict[str, str]) -> str:
+    """The sentence settings.load gives for env: what every job must be answered with."""
+    with pytest.raises(worker_settings.SettingsError) as info:
+        worker_settings.load(env)
+    return str(info.value)
+
+
+def alive(pid: int) -> bool:
+    """True while pid runs (a zombie awaiting its reaper counts as gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} did not happen within {timeout}s")
+        time.sleep(0.1)
+
+
+class FakeEngine:
+    """The scripted `vllm serve` for one test: its env for the worker, and what it saw."""
+
+    def __init__(self, root: Path, launches: Sequence[dict[str, Any]], record_env: Sequence[str] = ()) -> None:
+        self.state_dir = root / "fake-vllm"
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.script = fake_vllm.write_script(root / "fake-vllm-script.json", launches)
+        self.port = free_port()
+        self.record_env = list(record_env)
+
+    def env(self, exit_with_parent: bool = True) -> dict[str, str]:
+        return {
+            "VLLM_COMMAND": fake_vllm.command(),
+            "VLLM_PORT": str(self.port),
+            "FAKE_VLLM_SCRIPT": str(self.script),
+            "FAKE_VLLM_STATE_DIR": str(self.state_dir),
+            "FAKE_VLLM_RECORD_ENV": ",".join(self.record_env),
+            "FAKE_VLLM_EXIT_WITH_PARENT": "1" if exit_with_parent else "0",
+        }
+
+    def launches(self) -> list[dict[str, Any]]:
+        return fake_vllm.launches(self.state_dir)
+
+    def requests(self) -> list[dict[str, Any]]:
+        return fake_vllm.requests(self.state_dir)
+
+    def kill_leftovers(self) -> None:
+        for launch in self.launches():
+            if alive(launch["pid"]):
+                try:
+                    os.kill(launch["pid"], signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
+
+@pytest.fixture
+def cp() -> Iterator[ControlPlane]:
+    with ControlPlane() as plane:
+        yield plane
+
+
+def worker_env(**extra: str) -> dict[str, str]:
+    env = {"HF_HUB_OFFLINE": "1", "MODEL_NAME": MODEL}
+    env.update(extra)
+    return env
+
+
+def sse_events(chunks: Sequence[str]) -> list[str]:
+    """The data fields of the SSE events in the relayed chunks, in order."""
+    text = "".join(chunks)
+    return [
+        line[len("data: ") :]
+        for event in text.split("\n\n")
+        for line in event.splitlines()
+        if line.startswith("data: ")
+    ]
+
+
+# ----------------------------------------------------------------------------- configuration errors
+
+
+def test_an_invalid_max_concurrency_is_the_answer_to_every_job(cp: ControlPlane, tmp_path: Path) -> None:
+    engine = FakeEngine(tmp_path, [{"serve": True}])
+    env = worker_env(MAX_CONCURRENCY="abc", **engine.env())
+    expected = settings_error(env)
+    assert "MAX_CONCURRENCY" in expected and "'abc'" in expected
+
+    with WorkerProcess(env, control_plane=cp, workdir=tmp_path) as worker:
+        jobs = [cp.submit({"messages": MESSAGES, "sampling_params": {"max_tokens": 5}}) for _ in range(2)]
+        results = [cp.result(job, timeout=JOB_TIMEOUT) for job in jobs]
+        code = worker.stop()
+
+    assert results == [{"error": expected}, {"error": expected}]
+    # The job loop ran although the configuration is unusable: the worker did not exit on it.
+    assert worker.returncode == code == 0
+    # No engine is booted for a configuration the worker cannot run.
+    assert engine.launches() == []
+
+
+def test_a_missing_model_name_is_answered_with_a_sentence_naming_it(cp: ControlPlane, tmp_path: Path) -> None:
+    engine = FakeEngine(tmp_path, [{"serve": True}])
+    env = worker_env(**engine.env())
+    del env["MODEL_NAME"]
+
+    with WorkerProcess(env, control_plane=cp, workdir=tmp_path):
+        job = cp.submit({"messages": MESSAGES})
+        result = cp.result(job, timeout=JOB_TIMEOUT)
+
+    assert set(result) == {"error"}
+    error = result["error"]
+    assert "MODEL_NAME" in error
+    assert "Traceback" not in error and "\n" not in error
+    assert engine.launches() == []
+
+
+# ----------------------------------------------------------------------------- serving
+
+
+@pytest.fixture(scope="module")
+def serving(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ControlPlane, WorkerProcess, FakeEngine]]:
+    root = tmp_path_factory.mktemp("serving-worker")
+    engine = FakeEngine(root, [{"serve": True}], record_env=["HF_TOKEN"])
+    env = worker_env(HF_TOKEN=SECRET, MAX_CONCURRENCY="4", **engine.env())
+    try:
+        with ControlPlane() as plane, WorkerProcess(env, control_plane=plane, workdir=root) as worker:
+            yield plane, worker, engine
+    finally:
+        engine.kill_leftovers()
+
+
+def test_a_chat_job_returns_the_engines_chat_completion(serving) -> None:
+    cp, worker, engine = serving
+    job = cp.submit({"messages": MESSAGES, "sampling_params": {"max_tokens": 5}})
+    result = cp.result(job, timeout=JOB_TIMEOUT)
+
+    assert set(result) == {"output"}
+    [completion] = result["output"]
+    assert completion["object"] == "chat.completion"
+    # The fake answers max_tokens words: five words prove the sampling params were forwarded.
+    assert completion["choices"][0]["message"]["content"] == "w0 w1 w2 w3 w4"
+    sent = [r for r in engine.requests() if r["path"] == "/v1/chat/completions"]
+    assert sent and sent[-1]["body"]["messages"] == MESSAGES
+    assert sent[-1]["body"]["max_tokens"] == 5
+
+
+def test_a_completion_job_with_a_prompt_returns_the_text_completion(serving) -> None:
+    cp, worker, engine = serving
+    job = cp.submit({"prompt": "Once upon", "sampling_params": {"max_tokens": 3}})
+    result = cp.result(job, timeout=JOB_TIMEOUT)
+
+    [completion] = result["output"]
+    assert completion["object"] == "text_completion"
+    assert completion["choices"][0]["text"] == "w0 w1 w2"
+
+
+def test_a_streaming_job_returns_sse_chunks_ending_with_done(serving) -> None:
+    cp, worker, engine = serving
+    job = cp.submit({"messages": MESSAGES, "sampling_params": {"max_tokens": 3}, "stream": True})
+    result = cp.result(job, timeout=JOB_TIMEOUT)
+
+    chunks = result["output"]
+    assert chunks and all(isinstance(c, str) for c in chunks)
+    assert chunks[-1].rstrip("\n").endswith("data: [DONE]")
+    # Chunks are whole SSE events: each ends at an event boundary.
+    assert all(c.endswith("\n\n") for c in chunks)
+    data = sse_events(chunks)
+    assert data[-1] == "[DONE]"
+    deltas = [json.loads(d)["choices"][0]["delta"].get("content", "") for d in data[:-1] if json.loads(d)["choices"]]
+    assert "".join(deltas) == "w0 w1 w2"
+    # A /stream client receives the same chunks, in the same order, as they were produced.
+    assert cp.stream_outputs(job) == chunks
+
+
+def test_an_unusable_job_input_is_answered_with_a_sentence(serving) -> None:
+    cp, worker, engine = serving
+    job = cp.submit({"messages": "hello"})
+    result = cp.result(job, timeout=JOB_TIMEOUT)
+
+    assert set(result) == {"error"}
+    assert "messages" in result["error"] and "Traceback" not in result["error"]
+
+
+def test_hf_token_reaches_the_engine_and_nothing_else(serving) -> None:
+    cp, worker, engine = serving
+    jobs = [
+        cp.submit({"messages": MESSAGES, "sampling_params": {"max_tokens": 2}}),
+        cp.submit({"messages": MESSAGES, "sampling_params": {"max_tokens": 2}, "stream": True}),
+        cp.submit({"messages": 42}),
+        cp.submit({"worker_status": True}),
+    ]
+    answers = [cp.result(job, timeout=JOB_TIMEOUT) for job in jobs] + [cp.stream_chunks(job) for job in jobs]
+
+    [launch] = engine.launches()
+    assert launch["env"]["HF_TOKEN"] == SECRET  # the engine needs it to download gated models
+    assert SECRET not in json.dumps(launch["argv"])  # a command line is visible to every process
+    assert SECRET not in worker.log()
+    assert SECRET not in json.dumps(answers)
+
+
+# ----------------------------------------------------------------------------- shutdown
+
+
+def test_sigterm_stops_the_worker_and_its_engine(cp: ControlPlane, tmp_path: Path) -> None:
+    engine = FakeEngine(tmp_path, [{"serve": True}])
+    env = worker_env(**engine.env(exit_with_parent=False))
+    worker = WorkerProcess(env, control_plane=cp, workdir=tmp_path).start()
+    try:
+        job = cp.submit({"messages": MESSAGES, "sampling_params": {"max_tokens": 1}})
+        assert "output" in cp.result(job, timeout=JOB_TIMEOUT)
+        [launch] = engine.launches()
+        assert alive(launch["pid"])
+
+        code = worker.stop(timeout=60)
+
+        assert (code, worker.killed) == (0, False)
+        assert not alive(launch["pid"]), "the engine outlived the worker"
+    finally:
+        worker.stop()
+        engine.kill_leftovers()
+
+
+def test_sigterm_while_the_engine_starts_stops_the_engine_too(cp: ControlPlane, tmp_path: Path) -> None:
+    engine = FakeEngine(tmp_path, [{"hang": True}])
+    env = worker_env(**engine.env(exit_with_parent=False))
+    worker = WorkerProcess(env, control_plane=cp, workdir=tmp_path).start()
+    try:
+        [launch] = wait_until(engine.launches, JOB_TIMEOUT, "the engine launch")
+
+        worker.stop(timeout=60)
+
+        assert worker.killed is False
+        assert not alive(launch["pid"]), "the engine outlived the worker"
+    finally:
+        worker.stop()
+        engine.kill_leftovers()
