@@ -17,7 +17,8 @@ RUN python3 -m venv /opt/worker \
 # Optional baked model (docs/deploy.md). Empty MODEL_NAME: nothing is downloaded and the worker
 # fetches MODEL_NAME at run time. A gated or private model needs the token as a build secret:
 #   docker build --secret id=HF_TOKEN,env=HF_TOKEN --build-arg MODEL_NAME=org/name .
-# It is mounted for this one step only and never stored in a layer.
+# It is mounted for this one step only and never stored in a layer. (hadolint's DL3064 reads
+# "TOKEN" in TOKENIZER_* as a secret; those are repo ids or paths, hence the ignores.)
 ARG MODEL_NAME=""
 ARG MODEL_REVISION=""
 # hadolint ignore=DL3064
@@ -36,14 +37,15 @@ RUN --mount=type=secret,id=HF_TOKEN \
 
 # What the worker reads at run time; each is empty when nothing was baked, and the worker treats
 # an empty variable as unset. BAKED_MODEL_PATH makes the worker serve the local copy under the
-# name MODEL_NAME, skip the Hub pre-flight and run vLLM offline; TOKENIZER_NAME points vLLM at
-# the baked tokenizer. /opt/baked-model.json records the repos and the commits they resolved to.
-# (DL3064 reads "TOKEN" in TOKENIZER_NAME as a secret; it is a repo id or a path.)
+# name MODEL_NAME and skip the Hub pre-flight; HF_HUB_OFFLINE keeps vLLM off the Hub as well;
+# TOKENIZER_NAME points vLLM at the baked tokenizer. /opt/baked-model.json records the repos
+# and the commits they resolved to.
 # hadolint ignore=DL3064
 ENV BAKED_MODEL_PATH=${MODEL_NAME:+/opt/models/model} \
     MODEL_NAME=${MODEL_NAME} \
     TOKENIZER_NAME=${TOKENIZER_NAME:+/opt/models/tokenizer} \
-    QUANTIZATION=${QUANTIZATION}
+    QUANTIZATION=${QUANTIZATION} \
+    HF_HUB_OFFLINE=${MODEL_NAME:+1}
 
 # Models fetched at run time go to the network volume when one is attached, so a cold start
 # on another worker finds them already downloaded.

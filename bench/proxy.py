@@ -2,8 +2,9 @@
 
 The upstream is a fast aiohttp server in its own process (as the engine is), answering a canned
 chat completion or a 20-event SSE stream at once, so the figures are the proxy's own overhead.
-For each case (concurrency 1 and 30, streaming or not) runs alternate direct / through /
-direct / through and the best of each side is kept, so a noisy neighbour favours neither.
+For each case (concurrency 1 and 30, streaming or not) short blocks alternate direct / through
+many times; the figures are medians over blocks (ratio: median of each adjacent pair's ratio),
+so a noisy neighbour on the shared machine favours neither side.
 "CPU/req" is this process's CPU time per request (client, plus the handler on the through
 side): on a shared machine it is steadier than wall-clock figures.
 
@@ -161,29 +162,36 @@ async def main(quick: bool) -> None:
         connector = aiohttp.TCPConnector(limit=34, limit_per_host=0, keepalive_timeout=60.0)
         async with aiohttp.ClientSession(connector=connector) as session:
             cases = [(1, False), (1, True), (30, False), (30, True)]
-            rounds = 3 if quick else 5
+            pairs = 8 if quick else 20
             print(f"{'case':<16}{'direct req/s':>13}{'through req/s':>14}{'ratio':>7}"
                   f"{'p50 direct':>12}{'p50 added':>11}{'p99 added':>11}{'CPU/req direct':>16}{'CPU added':>11}")
             for concurrency, stream in cases:
-                requests = (150 if quick else 300) if concurrency == 1 else (500 if quick else 1500)
+                block = 60 if concurrency == 1 else 300
                 direct = lambda: _direct_one(session, url, stream)  # noqa: E731
                 through = lambda: _through_one(stream)  # noqa: E731
                 await _load(direct, 50, concurrency)  # warm both pools
                 await _load(through, 50, concurrency)
-                best: dict[str, tuple[float, list[float], float]] = {}
-                for _ in range(rounds):
-                    for name, fn in (("direct", direct), ("through", through)):
-                        result = await _load(fn, requests, concurrency)
-                        if name not in best or result[0] > best[name][0]:
-                            best[name] = result
-                d_rps, d_lat, d_cpu = best["direct"]
-                t_rps, t_lat, t_cpu = best["through"]
+                rps: dict[str, list[float]] = {"direct": [], "through": []}
+                lat: dict[str, list[float]] = {"direct": [], "through": []}
+                cpu: dict[str, list[float]] = {"direct": [], "through": []}
+                ratios, cpu_added = [], []
+                for i in range(pairs):
+                    order = (("direct", direct), ("through", through))
+                    for name, fn in order if i % 2 == 0 else order[::-1]:
+                        r, latencies, c = await _load(fn, block, concurrency)
+                        rps[name].append(r)
+                        lat[name].extend(latencies)
+                        cpu[name].append(c)
+                    ratios.append(rps["through"][-1] / rps["direct"][-1])
+                    cpu_added.append(cpu["through"][-1] - cpu["direct"][-1])
+                d_lat, t_lat = lat["direct"], lat["through"]
                 p50_added = (statistics.median(t_lat) - statistics.median(d_lat)) * 1000
                 p99_added = (_pct(t_lat, 0.99) - _pct(d_lat, 0.99)) * 1000
                 label = f"c={concurrency} {'stream' if stream else 'json'}"
-                print(f"{label:<16}{d_rps:>13.0f}{t_rps:>14.0f}{t_rps / d_rps:>7.2f}"
+                print(f"{label:<16}{statistics.median(rps['direct']):>13.0f}{statistics.median(rps['through']):>14.0f}"
+                      f"{statistics.median(ratios):>7.2f}"
                       f"{statistics.median(d_lat) * 1000:>10.2f}ms{p50_added:>9.2f}ms{p99_added:>9.2f}ms"
-                      f"{d_cpu * 1e6:>14.0f}us{(t_cpu - d_cpu) * 1e6:>9.0f}us")
+                      f"{statistics.median(cpu['direct']) * 1e6:>14.0f}us{statistics.median(cpu_added) * 1e6:>9.0f}us")
         await close_session()
     finally:
         server.terminate()

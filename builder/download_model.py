@@ -23,12 +23,11 @@ import fnmatch
 import json
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
 from huggingface_hub import HfApi, snapshot_download
-from huggingface_hub.utils import disable_progress_bars
 from huggingface_hub.errors import (
     DisabledRepoError,
     GatedRepoError,
@@ -38,6 +37,7 @@ from huggingface_hub.errors import (
     RepositoryNotFoundError,
     RevisionNotFoundError,
 )
+from huggingface_hub.utils import disable_progress_bars
 
 from vllm_worker.startup_errors import (
     gated_repo_message,
@@ -175,11 +175,11 @@ def run(env: Mapping[str, str], model_dir: Path, tokenizer_dir: Path, record: Pa
     lines = []
     if model is not None:
         baked = bake(model, arg("MODEL_REVISION"), model_dir, token, "MODEL_NAME", "MODEL_REVISION", weights=True)
-        result["model"] = baked.__dict__
+        result["model"] = asdict(baked)
         lines.append(f"baked MODEL_NAME={model} at {baked.revision} into {baked.path} ({baked.files} files, {baked.bytes / 1e9:.2f} GB)")
     if tokenizer is not None:
         baked = bake(tokenizer, arg("TOKENIZER_REVISION"), tokenizer_dir, token, "TOKENIZER_NAME", "TOKENIZER_REVISION", weights=False)
-        result["tokenizer"] = baked.__dict__
+        result["tokenizer"] = asdict(baked)
         lines.append(f"baked TOKENIZER_NAME={tokenizer} at {baked.revision} into {baked.path} ({baked.files} files)")
     record.parent.mkdir(parents=True, exist_ok=True)
     record.write_text(json.dumps(result, indent=2) + "\n")

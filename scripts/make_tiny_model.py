@@ -187,7 +187,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--head-dim", type=int, default=64)
     p.add_argument("--hidden-size", type=int, default=None, help="default: heads * head-dim")
     p.add_argument("--intermediate-size", type=int, default=256)
-    p.add_argument("--vocab", type=int, default=512, help="BPE vocabulary size to train (special tokens included)")
+    p.add_argument("--vocab", type=int, default=512, help="BPE vocabulary size to train, special tokens included (an upper bound: the built-in text may run out of merges)")
     p.add_argument("--max-position-embeddings", type=int, default=2048)
     p.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default="bfloat16")
     p.add_argument("--seed", type=int, default=0)

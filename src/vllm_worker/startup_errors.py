@@ -219,8 +219,8 @@ _RULES: tuple[_Rule, ...] = (
     # MAX_MODEL_LEN above the model's limit (vllm/config/model.py:2662)
     _rule("max_model_len_too_large", r"User-specified max_model_len \(\d+\) is greater than the derived max_model_len"),
     # command line (argparse exits 2) and pydantic field constraints
-    _rule("bad_arguments", r"^vllm(?: [\w-]+)?: error: "),
-    _rule("bad_arguments", r"^\s+Input should .*\[type=[\w.]+, input_value="),
+    _rule("bad_arguments", r"^vllm(?: [\w-]+)?: error: ", "argparse"),
+    _rule("bad_arguments", r"^\s+Input should .*\[type=[\w.]+, input_value=", "field"),
     # Hub access (transformers/utils/hub.py, huggingface_hub/utils/_http.py)
     _rule("gated_repo", r"You are trying to access a gated repo|Cannot access gated repo for url|is a gated repository\. Make sure"),
     _rule("gated_repo", r"Access to model \S+ is restricted"),
@@ -405,12 +405,14 @@ def _tried_mentions(tried: Sequence[str], variable: str) -> bool:
     return any(f"{variable}=" in phrase for phrase in tried)
 
 
-def _knob_fixes(ctx: _Context) -> list[str]:
+def _knob_fixes(ctx: _Context, observed_seqs: int | None = None) -> list[str]:
     """The relaunch knobs (see `recovery`) that are still left to turn."""
     fixes: list[str] = []
     max_concurrency = max_concurrency_of(ctx.env)
     target = multiple_of_8_at_least(max_concurrency)
     seqs = effective_max_num_seqs(ctx.env, max_concurrency)
+    if observed_seqs is not None and env_int(ctx.env, "MAX_NUM_SEQS") is None:
+        seqs = observed_seqs
     if seqs > target and not _tried_mentions(ctx.tried, "MAX_NUM_SEQS"):
         fixes.append(f"set MAX_NUM_SEQS={target} (now {seqs}; MAX_CONCURRENCY={max_concurrency} needs no more)")
     if env_bool(ctx.env, "ENFORCE_EAGER") is not True and not _tried_mentions(ctx.tried, "ENFORCE_EAGER"):
@@ -515,7 +517,7 @@ def _memory_shortfall(ctx: _Context) -> Diagnosis:
             f"{subject} ran out of GPU memory while warming up the sampler for {n} sequences at once "
             f"(the memory left outside the KV cache is too small for that batch)"
         )
-        fixes += _knob_fixes(ctx)
+        fixes += _knob_fixes(ctx, int(n))
         current = _utilization(ctx.env)
         fixes.append(f"lower GPU_MEMORY_UTILIZATION from {current:g} to {max(0.5, round(current - 0.05, 2)):g} to leave more room outside the KV cache")
     elif detail == "weights_load":
@@ -580,14 +582,15 @@ def _memory_held(ctx: _Context) -> Diagnosis:
         )
     else:
         numbers = f": {where} had less free memory than vLLM needs when it started"
+    device = "machine" if cpu and not gpu else "GPU"
     cause = (
-        f"Memory on this machine is held by another process{numbers}. This is not a problem with the "
-        f"model or its settings (they were not changed): typically a previous engine that has not exited "
-        f"yet, or another program on the same {'GPU' if gpu or not cpu else 'machine'}"
+        f"Memory on this {device} is held by another process{numbers}. This is not a problem with the "
+        f"model or its settings: typically a previous engine that has not exited yet, or another program "
+        f"on the same {device}"
     )
     fixes = [
-        "if it persists, stop whatever else uses this GPU, or terminate this worker so the platform starts "
-        "a fresh one on another machine",
+        f"if it persists, stop whatever else uses this {device}, or terminate this worker so the platform "
+        f"starts a fresh one on another machine",
     ]
     return Diagnosis(
         kind="memory_held",
@@ -636,7 +639,7 @@ def _max_model_len(ctx: _Context) -> Diagnosis:
     limit = max(limits) if limits else None
     if limit is not None and m:
         source = f"{m.group(2)} in its config.json"
-        cause = f"MAX_MODEL_LEN={value} is larger than the {limit} tokens {ctx.subject.split('=', 1)[-1] if ctx.model else 'the model'} supports ({source})"
+        cause = f"MAX_MODEL_LEN={value} is longer than the {limit}-token context of {ctx.subject if ctx.model else 'the model'} ({source})"
         fixes = [f"set MAX_MODEL_LEN to {limit} or less, or unset it to use the model's full context"]
     else:
         cause = f"MAX_MODEL_LEN={value} is larger than the model's own limit"
@@ -656,8 +659,8 @@ def _max_model_len(ctx: _Context) -> Diagnosis:
 _EXTRA_ARGS = "VLLM_EXTRA_ARGS"
 
 
-def _variable_for_flag(flag: str, env: Mapping[str, str]) -> str:
-    """Which of the user's variables put `flag` on the command line."""
+def _variable_for_flag(flag: str, env: Mapping[str, str]) -> str | None:
+    """Which of the user's variables put `flag` on the command line, if one can tell."""
     name = flag.lstrip("-").replace("-", "_").upper()
     if name.startswith("NO_") and env_value(env, name[3:]) is not None:
         name = name[3:]
@@ -666,7 +669,7 @@ def _variable_for_flag(flag: str, env: Mapping[str, str]) -> str:
     extra = env_value(env, _EXTRA_ARGS) or ""
     if re.search(rf"(?:^|\s){re.escape(flag)}(?:[=\s]|$)", extra):
         return _EXTRA_ARGS
-    return name
+    return None
 
 
 def _bad_arguments(ctx: _Context) -> Diagnosis:
@@ -678,20 +681,24 @@ def _bad_arguments(ctx: _Context) -> Diagnosis:
         if unrecognized:
             args = unrecognized.group(1)
             flags = [word for word in args.split() if word.startswith("-")]
-            sources = sorted({_variable_for_flag(flag, ctx.env) for flag in flags}) or [_EXTRA_ARGS]
+            found = {_variable_for_flag(flag, ctx.env) for flag in flags}
+            sources = sorted(name for name in found if name is not None)
+            if not sources and env_value(ctx.env, _EXTRA_ARGS) is not None:
+                sources = [_EXTRA_ARGS]
+            where = " and ".join(sources) if sources else "the variable that sets them"
             cause = f"vLLM 0.32 does not recognize the argument(s) {args}"
-            fixes = [f"remove or respell them in {' and '.join(sources)} (`vllm serve --help` lists the flags)"]
-            variable, value = sources[0], args
+            fixes = [f"remove or respell them in {where} (`vllm serve --help` lists the flags)"]
+            variable, value = (sources[0] if sources else None), args
         else:
             flag_match = re.match(r"argument (\S+?)(?:/\S+)?: (.+)", error)
             if flag_match:
                 flag = flag_match.group(1)
-                variable = _variable_for_flag(flag, ctx.env)
+                found = _variable_for_flag(flag, ctx.env)
+                variable = found or flag.lstrip("-").replace("-", "_").upper()
                 value = env_value(ctx.env, variable)
-                reason = flag_match.group(2)
                 shown = f"{variable}={value!r}" if value is not None and variable != _EXTRA_ARGS else variable
-                cause = f"vLLM rejected {shown}: {flag} {reason}"
-                fixes = [f"correct {variable} or unset it"]
+                cause = f"vLLM rejected {shown} ({flag}: {flag_match.group(2)})"
+                fixes = [f"correct {variable} or unset it" if found else f"correct the variable that sets {flag}"]
             else:
                 variable, value = None, None
                 cause = f"vLLM rejected its command line: {error}"
@@ -708,7 +715,7 @@ def _bad_arguments(ctx: _Context) -> Diagnosis:
     first_variable: str | None = None
     first_value: str | None = None
     for h in ctx.hits:
-        if not h.rule.pattern.pattern.startswith(r"^\s+Input"):
+        if h.rule.detail != "field":
             continue
         m = re.search(r"^\s+(Input should .*?) \[type=[\w.]+, input_value=(.*?), input_type=\w+\]", h.line)
         field_name = ctx.lines[h.index - 1].strip() if h.index > 0 else ""
@@ -807,10 +814,17 @@ def _revision_not_found(ctx: _Context) -> Diagnosis:
     revision = (said.group(1) if said else None) or (unquote(url.group(2)) if url else None) or ctx.revision or "(unknown)"
     variable = next((name for name in _REVISION_VARIABLES if env_value(ctx.env, name) == revision), None)
     if variable is None:
-        variable = next((name for name in _REVISION_VARIABLES if env_value(ctx.env, name) is not None), "MODEL_REVISION")
-    if variable == "REVISION":
-        variable = "MODEL_REVISION" if env_value(ctx.env, "MODEL_REVISION") is not None else "REVISION"
-    message = revision_not_found_message(repo, revision, variable) + _tried_sentence(ctx.tried)
+        variable = next((name for name in _REVISION_VARIABLES if env_value(ctx.env, name) is not None), None)
+    if variable is not None:
+        message = revision_not_found_message(repo, revision, variable) + _tried_sentence(ctx.tried)
+    else:
+        # No revision was pinned: vLLM resolved the default branch to a commit that vanished meanwhile.
+        message = _compose(
+            f"Revision {revision!r} of {repo!r} disappeared while vLLM was fetching it (the repository was "
+            f"probably force-pushed while the worker started)",
+            ctx.tried,
+            ["restart the worker to fetch the current revision, or pin MODEL_REVISION to a commit that stays"],
+        )
     return Diagnosis(
         kind="revision_not_found",
         message=message,
@@ -887,8 +901,8 @@ def _trust_remote_code(ctx: _Context) -> Diagnosis:
 def _disk_full(ctx: _Context) -> Diagnosis:
     hit = ctx.hits[-1]
     m = re.search(r"No space left on device: '([^']+)'", hit.line)
-    where = f" while writing {m.group(1)}" if m else ""
-    cause = f"The disk ran out of space{where} while starting {ctx.subject if ctx.model else 'the model'}"
+    where = f" (writing {m.group(1)})" if m else ""
+    cause = f"The disk ran out of space while starting {ctx.subject if ctx.model else 'the model'}{where}"
     fixes = [
         "give the endpoint a larger container disk, or a network volume big enough for the model's files, "
         "or choose a smaller model"
@@ -920,13 +934,15 @@ assert set(_BUILDERS) == set(KINDS)
 
 # --- secrets ---------------------------------------------------------------------------------
 
-_SECRET_NAMES = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)
+# HF_TOKEN, *_API_KEY, ...; not MAX_NUM_BATCHED_TOKENS or TOKENIZER_NAME.
+_SECRET_NAMES = re.compile(r"(?:^|_)(?:TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIALS?)(?:_|$)", re.IGNORECASE)
+_MIN_SECRET_CHARS = 8
 
 
 def _scrubbed(diagnosis: Diagnosis, env: Mapping[str, str]) -> Diagnosis:
     """The diagnosis with any secret value from the environment masked (argparse echoes arguments)."""
     secrets = sorted(
-        {v.strip() for k, v in env.items() if _SECRET_NAMES.search(k) and v and len(v.strip()) >= 4},
+        {v.strip() for k, v in env.items() if _SECRET_NAMES.search(k) and v and len(v.strip()) >= _MIN_SECRET_CHARS},
         key=len,
         reverse=True,
     )

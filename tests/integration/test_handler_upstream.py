@@ -115,6 +115,12 @@ class Upstream:
         self._record(request, body)
         return web.json_response(ENGINE_400, status=400)
 
+    async def responses(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self._record(request, body)
+        error = {"code": "server_error", "message": "Generation failed."} if body["input"] == "fail" else None
+        return web.json_response({"id": "resp_1", "object": "response", "status": "failed" if error else "completed", "error": error})
+
     async def models(self, request: web.Request) -> web.Response:
         self._record(request, None)
         return web.json_response({"object": "list", "data": [{"id": SERVED, "object": "model"}]})
@@ -135,6 +141,7 @@ async def upstream() -> AsyncIterator[Upstream]:
     app.router.add_post("/v1/chat/completions", stand.chat)
     app.router.add_post("/v1/completions", stand.completions)
     app.router.add_post("/v1/embeddings", stand.not_found)
+    app.router.add_post("/v1/responses", stand.responses)
     app.router.add_get("/v1/models", stand.models)
     app.router.add_get("/health", stand.health)
     runner = web.AppRunner(app, shutdown_timeout=0.1)
@@ -255,6 +262,15 @@ async def test_engine_400_becomes_a_sentence(upstream: Upstream) -> None:
         }
     ]
     assert upstream.requests[-1]["body"] == {"max_tokens": 5000, "prompt": "x" * 10, "stream": False, "model": SERVED}
+
+
+async def test_ok_answer_carrying_an_error_is_a_sentence(upstream: Upstream) -> None:
+    configure(_state(upstream.port))
+    assert await _run({"route": "/v1/responses", "body": {"input": "fail"}}) == [
+        {"error": "The engine answered with an error: Generation failed."}
+    ]
+    [ok] = await _run({"route": "/v1/responses", "body": {"input": "hi"}})
+    assert ok["status"] == "completed" and ok["error"] is None
 
 
 async def test_unserved_route_404(upstream: Upstream) -> None:
@@ -419,16 +435,22 @@ async def test_runpod_sdk_delivers_the_sentence(upstream: Upstream, monkeypatch:
     port = site._server.sockets[0].getsockname()[1]
     monkeypatch.setattr(rp_http, "JOB_DONE_URL", f"http://127.0.0.1:{port}/done/$ID?gpu=x")
     monkeypatch.setattr(rp_http, "JOB_STREAM_URL", f"http://127.0.0.1:{port}/stream/$ID?gpu=x")
+    config = {"handler": handler, "return_aggregate_stream": True}  # as main starts the SDK
     try:
         async with aiohttp.ClientSession() as session:
-            await rp_job.handle_job(session, {"handler": handler}, job)
+            await rp_job.handle_job(session, config, job)
             stream_job = {"id": "job-43", "input": _chat("hi", stream=True)}
-            await rp_job.handle_job(session, {"handler": handler}, stream_job)
+            await rp_job.handle_job(session, config, stream_job)
+            drop_job = {"id": "job-44", "input": _chat("drop", stream=True)}
+            await rp_job.handle_job(session, config, drop_job)
     finally:
         await runner.cleanup()
 
     assert received[0] == ("/done/job-42", {"error": sentence})
-    streamed = [body["output"] for path, body in received[1:] if path == "/stream/job-43"]
+    streamed = [body["output"] for path, body in received if path == "/stream/job-43"]
     assert "".join(streamed) == "".join(STREAM_EVENTS)
-    assert received[-1][0] == "/done/job-43"
-    assert "error" not in received[-1][1]
+    [done_43] = [body for path, body in received if path == "/done/job-43"]
+    assert done_43 == {"output": streamed}
+    [done_44] = [body for path, body in received if path == "/done/job-44"]
+    assert done_44 == {"error": f"The engine at 127.0.0.1:{upstream.port} closed the connection in the middle of its response, "
+                       "which usually means the engine process died; retry the request, and if this persists the worker's log shows why."}

@@ -52,16 +52,18 @@ def assert_no_secret(result: preflight.PreflightResult, caplog: pytest.LogCaptur
 
 def test_valid_public_model_passes_with_one_metadata_call(hub: HubStub) -> None:
     result = preflight.run(env_for(hub, MODEL_NAME="org/public"))
-    assert (result.ok, result.message, result.kind, result.warnings, result.skipped_reason) == (True, None, None, [], None)
+    assert (result.ok, result.message, result.kind, result.warnings) == (True, None, None, [])
+    assert result.skipped_reason is None
     assert [(r.method, r.path) for r in hub.requests] == [("GET", "/api/models/org/public")]
     assert hub.requests[0].token is None  # no implicit token from a token file
     summary = result.model_info_summary
     assert summary is not None
-    assert (summary.repo, summary.sha, summary.gated, summary.private) == ("org/public", hub._repo("org/public").sha, False, False)
+    assert (summary.repo, summary.gated, summary.private) == ("org/public", False, False)
+    assert summary.sha == hub.repo("org/public").sha
 
 
 def test_revision_branch_and_commit_pass(hub: HubStub) -> None:
-    repo: StubRepo = hub._repo("org/public")  # type: ignore[assignment]
+    repo: StubRepo = hub.repo("org/public")
     for revision in ("v1", repo.revisions["v1"]):
         result = preflight.run(env_for(hub, MODEL_NAME="org/public", MODEL_REVISION=revision))
         assert result.ok and result.model_info_summary is not None
@@ -180,7 +182,7 @@ def test_expand_hook_brings_safetensors_counts(hub: HubStub) -> None:
     summary = result.model_info_summary
     assert result.ok and summary is not None
     assert (summary.safetensors_total, summary.safetensors_parameters) == (494032768, {"BF16": 494032768})
-    assert summary.gated is False and summary.sha == hub._repo("org/public").sha
+    assert summary.gated is False and summary.sha == hub.repo("org/public").sha
     assert sorted(hub.requests[0].query["expand"]) == ["gated", "private", "safetensors", "sha"]
 
 
@@ -259,3 +261,36 @@ def test_skips_make_no_call(hub: HubStub, extra: dict[str, str]) -> None:
     result = preflight.run(env)
     assert result.ok and result.skipped_reason is not None and result.message is None
     assert hub.requests == []
+
+
+def test_no_implicit_token_from_a_token_file(hub: HubStub, tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from huggingface_hub import constants
+    from huggingface_hub.utils import get_token
+
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN_WITH_ACCESS)
+    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(token_file))
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    assert get_token() == TOKEN_WITH_ACCESS  # the client would pick it up by default
+    result = preflight.run(env_for(hub, MODEL_NAME="org/gated"))
+    assert (result.ok, result.kind) == (False, preflight.GATED_REPO)
+    assert [r.token for r in hub.requests] == [None]
+
+
+def test_stand_in_serves_what_snapshot_download_needs(hub: HubStub, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # The stand-in is shared with the image-build download tests; keep it honest here.
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import GatedRepoError
+
+    hub.add_repo("org/tiny", files={"config.json": '{"a": 1}', "weights/model.safetensors": b"\x01" * 300})
+    path = snapshot_download("org/tiny", endpoint=hub.endpoint, local_dir=tmp_path / "tiny", token=False)
+    assert (tmp_path / "tiny" / "config.json").read_text() == '{"a": 1}'
+    assert (tmp_path / "tiny" / "weights" / "model.safetensors").read_bytes() == b"\x01" * 300
+    assert str(path) == str((tmp_path / "tiny").resolve())
+    downloads = hub.calls("/org/tiny/resolve/", method="GET")
+    assert sorted(r.path.rsplit("/", 1)[-1] for r in downloads) == ["config.json", "model.safetensors"]
+
+    snapshot_download("org/gated", endpoint=hub.endpoint, local_dir=tmp_path / "g", token=TOKEN_WITH_ACCESS)
+    assert (tmp_path / "g" / "config.json").read_text() == "{}"
+    with pytest.raises(GatedRepoError):
+        snapshot_download("org/gated", endpoint=hub.endpoint, local_dir=tmp_path / "g2", token=False)

@@ -23,9 +23,10 @@ from typing import Any, Callable, Iterator, Sequence
 
 import pytest
 
-from tests.support import fake_vllm
+from tests.support import fake_vllm, vllm_texts
 from tests.support.control_plane import ControlPlane
 from tests.support.worker_proc import WorkerProcess
+from vllm_worker import recovery, startup_errors
 from vllm_worker import settings as worker_settings
 
 pytestmark = pytest.mark.integration
@@ -284,3 +285,61 @@ def test_sigterm_while_the_engine_starts_stops_the_engine_too(cp: ControlPlane, 
     finally:
         worker.stop()
         engine.kill_leftovers()
+
+
+# ----------------------------------------------------------------------------- GPU-only startup failures
+
+
+def flag(argv: Sequence[str], name: str) -> str | None:
+    """The value after `name` in argv, "" for a bare flag, None when absent."""
+    if name not in argv:
+        return None
+    i = list(argv).index(name)
+    nxt = argv[i + 1] if i + 1 < len(argv) else None
+    return "" if nxt is None or nxt.startswith("--") else nxt
+
+
+def test_out_of_memory_at_startup_relaunches_smaller_until_it_fits(cp: ControlPlane, tmp_path: Path) -> None:
+    engine = FakeEngine(tmp_path, [{"text": "TORCH_OOM"}, {"text": "CUDA_ERROR_OOM"}, {"serve": True}])
+    env = worker_env(MAX_CONCURRENCY="30", MAX_NUM_SEQS="256", **engine.env())
+    seqs = str(worker_settings.multiple_of_8_at_least(30))
+    try:
+        with WorkerProcess(env, control_plane=cp, workdir=tmp_path):
+            job = cp.submit({"messages": MESSAGES, "sampling_params": {"max_tokens": 2}})
+            result = cp.result(job, timeout=JOB_TIMEOUT)
+    finally:
+        engine.kill_leftovers()
+
+    [completion] = result["output"]
+    assert completion["choices"][0]["message"]["content"] == "w0 w1"
+    assert completion["worker"]["degraded"] is True
+    first, second, third = (launch["argv"] for launch in engine.launches())
+    assert (flag(first, "--max-num-seqs"), flag(first, "--enforce-eager")) == ("256", None)
+    # Step 1: fewer sequences, CUDA graphs kept.
+    assert (flag(second, "--max-num-seqs"), flag(second, "--enforce-eager")) == (seqs, None)
+    # Step 2: eager mode and a batched-token cap, on top of step 1.
+    assert (flag(third, "--max-num-seqs"), flag(third, "--enforce-eager")) == (seqs, "")
+    assert flag(third, "--max-num-batched-tokens") == str(startup_errors.EAGER_MAX_BATCHED_TOKENS)
+
+
+def test_memory_held_by_another_process_is_retried_once_then_explained(cp: ControlPlane, tmp_path: Path) -> None:
+    engine = FakeEngine(tmp_path, [{"text": "FREE_MEMORY_LESS_THAN_DESIRED"}])
+    env = worker_env(**engine.env())
+    try:
+        with WorkerProcess(env, control_plane=cp, workdir=tmp_path) as worker:
+            job = cp.submit({"messages": MESSAGES})
+            result = cp.result(job, timeout=JOB_TIMEOUT)
+    finally:
+        engine.kill_leftovers()
+
+    launches = engine.launches()
+    # The same configuration again: the model and its settings were never the problem.
+    assert [launch["argv"] for launch in launches] == [launches[0]["argv"]] * 2
+    # The answer is the diagnosis of the last launch, naming what the worker already tried.
+    text, seen = vllm_texts.FREE_MEMORY_LESS_THAN_DESIRED, dict(worker.env)
+    first = startup_errors.diagnose(text, MODEL, env=seen, exit_code=1)
+    assert first is not None and first.kind == "memory_held"
+    relaunch = recovery.next_launch(seen, [recovery.Attempt(env=seen, diagnosis=first)], 30)
+    assert isinstance(relaunch, recovery.Relaunch)
+    last = startup_errors.diagnose(text, MODEL, env=seen, exit_code=1, tried=[relaunch.tried_phrase])
+    assert result == {"error": last.message}

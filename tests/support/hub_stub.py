@@ -265,6 +265,13 @@ class HubStub:
                 if r.path.startswith(path_prefix) and (method is None or r.method == method)
             ]
 
+    def repo(self, repo_id: str) -> StubRepo:
+        """The registered repository (its `sha`, `revisions`, `files`)."""
+        repo = self._repo(repo_id)
+        if repo is None:
+            raise KeyError(repo_id)
+        return repo
+
     def reset_requests(self) -> None:
         with self._lock:
             self.requests.clear()
@@ -306,6 +313,7 @@ class _Handler(BaseHTTPRequestHandler):
     stub: HubStub
     _request: tuple[str, str, Mapping[str, list[str]], str | None]
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # headers and body are separate writes: no 40 ms delayed-ACK stall
     server_version = "HubStub/1"
 
     def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - quiet test output

@@ -175,6 +175,8 @@ def test_runtime_env_points_at_what_the_download_step_wrote() -> None:
     assert env["TOKENIZER_NAME"] == "${TOKENIZER_NAME:+" + run_option(args, "--tokenizer-dir") + "}"
     assert env["MODEL_NAME"] == "${MODEL_NAME}", "the baked model keeps its Hub name as the served name"
     assert env["QUANTIZATION"] == "${QUANTIZATION}"
+    # Empty (online) without a baked model; huggingface_hub reads "" as false.
+    assert env["HF_HUB_OFFLINE"] == "${MODEL_NAME:+1}"
 
 
 def test_model_caches_live_on_the_network_volume() -> None:

@@ -11,6 +11,7 @@ from vllm_worker.handler import (
     EngineRequest,
     InputError,
     WorkerState,
+    answered_error_sentence,
     error_sentence_from_response,
     is_status_request,
     normalize_input,
@@ -348,3 +349,9 @@ def test_transport_sentences_name_the_values() -> None:
         "The engine is not reachable at 127.0.0.1:8123 (connection refused)"
     )
     assert timeout_sentence(2.5).startswith("The engine did not finish answering within REQUEST_TIMEOUT=2.5 seconds")
+
+
+def test_a_200_body_with_an_error_becomes_a_sentence_not_a_repr() -> None:
+    failed = {"id": "resp_1", "object": "response", "status": "failed", "error": {"code": "server_error", "message": "Generation failed."}}
+    assert answered_error_sentence(failed) == "The engine answered with an error: Generation failed."
+    assert answered_error_sentence({"error": {"code": 7}}) == 'The engine answered with an error: {"code": 7}'

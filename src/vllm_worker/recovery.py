@@ -1,0 +1,260 @@
+"""What to launch next after a failed start: the relaunch ladder.
+
+A restart on the same footprint fails the same way, and a user who is told
+"lower MAX_NUM_SEQS" after a crash loop has already lost the endpoint. Some
+failures have a relaunch that can genuinely succeed, so the worker tries it
+itself, within a hard budget of three launches in all:
+
+- a revision that vanished (vLLM pins a commit; a force-push removes it): one
+  relaunch without MODEL_REVISION / TOKENIZER_REVISION / CODE_REVISION;
+- a memory shortfall, in two steps, each used at most once. Step 1 keeps CUDA
+  graphs and lowers MAX_NUM_SEQS to the smallest multiple of 8 >= MAX_CONCURRENCY
+  (a field measurement found most of the failing band fits there at full speed);
+  step 2 disables graphs (ENFORCE_EAGER=true) and caps MAX_NUM_BATCHED_TOKENS at
+  8192, at a real cost in speed on small models. Each knob is relaxed only when the
+  user's value is looser: a tighter value is kept, MAX_NUM_BATCHED_TOKENS=0 counts
+  as unset, an explicit ENFORCE_EAGER=false is overridden with a loud warning. A
+  step that would change nothing is skipped, and when neither can, there is no
+  relaunch. MAX_MODEL_LEN is never lowered: it is the user's contract with their
+  clients, so the message tells them the length that fits instead;
+- memory held by another process, or a profiling race with one: the model and its
+  settings are fine, so one relaunch of the same configuration after waiting for
+  the memory, never a smaller footprint.
+
+`next_launch` is pure: it reads what happened so far and returns the overrides
+for the next launch or `Stop`. It derives which steps were used by replaying
+itself over the earlier attempts, so the caller keeps no ladder state.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+from vllm_worker.settings import multiple_of_8_at_least
+from vllm_worker.startup_errors import (
+    EAGER_MAX_BATCHED_TOKENS,
+    Diagnosis,
+    effective_max_num_seqs,
+    env_bool,
+    env_int,
+    env_value,
+)
+
+MAX_LAUNCHES = 3
+REVISION_VARIABLES = ("MODEL_REVISION", "REVISION", "TOKENIZER_REVISION", "CODE_REVISION")
+EXTRA_ARGS = "VLLM_EXTRA_ARGS"
+
+# Memory shortfalls that no batch or graph setting can help.
+_NOT_FOOTPRINT_FIXABLE = {
+    "weights_load": "the weights alone do not fit; fewer sequences or eager mode cannot shrink them",
+    "cpu_kv_explicit": "the KV cache size was set explicitly; the worker does not change it",
+}
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One launch: the environment it ran with and what its failure was diagnosed as."""
+
+    env: Mapping[str, str]
+    diagnosis: Diagnosis | None
+
+
+@dataclass(frozen=True)
+class Relaunch:
+    """Launch again with `overrides` applied to the user's environment.
+
+    overrides: variable -> value, None = remove the variable; cumulative (they include
+    earlier relaunches' overrides), so applying them to the base env gives the next
+    launch's env. profile: "max_num_seqs=N", "eager", "revision_unpinned" or "same".
+    tried_phrase: how the message of a later failure names this relaunch. warnings:
+    lines to log loudly. wait_for_memory: wait for device memory to be released first.
+    """
+
+    overrides: dict[str, str | None]
+    profile: str
+    reason: str
+    tried_phrase: str
+    warnings: list[str] = field(default_factory=list)
+    wait_for_memory: bool = False
+
+
+@dataclass(frozen=True)
+class Stop:
+    """No relaunch: answer jobs with the diagnosis."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class _Step:
+    name: str  # "revision", "seqs", "eager", "held", "race": each is used at most once
+    relaunch: Relaunch
+
+
+def next_launch(
+    base_env: Mapping[str, str],
+    attempts: Sequence[Attempt],
+    max_concurrency: int,
+    max_launches: int = MAX_LAUNCHES,
+) -> Relaunch | Stop:
+    """The next launch after `attempts` (all failed, oldest first), or Stop."""
+    plan = _plan(base_env, attempts, max_concurrency, max_launches)
+    if isinstance(plan, Stop):
+        return plan
+    # The context length is the user's promise to their clients: never changed behind their back.
+    assert "MAX_MODEL_LEN" not in plan.relaunch.overrides
+    return plan.relaunch
+
+
+def _history(base_env: Mapping[str, str], attempts: Sequence[Attempt], max_concurrency: int, max_launches: int) -> list[_Step]:
+    """The steps that produced attempts[1:], recomputed (the ladder is deterministic)."""
+    steps: list[_Step] = []
+    for done in range(1, len(attempts)):
+        plan = _plan(base_env, attempts[:done], max_concurrency, max_launches)
+        if isinstance(plan, _Step):
+            steps.append(plan)
+    return steps
+
+
+def _plan(
+    base_env: Mapping[str, str],
+    attempts: Sequence[Attempt],
+    max_concurrency: int,
+    max_launches: int,
+) -> _Step | Stop:
+    if not attempts:
+        raise ValueError("next_launch needs at least one failed attempt")
+    if len(attempts) >= max_launches:
+        return Stop(f"already launched {len(attempts)} times, the most the worker makes")
+    diagnosis = attempts[-1].diagnosis
+    if diagnosis is None:
+        return Stop("the failure was not recognised, so no relaunch is known to help")
+    history = _history(base_env, attempts, max_concurrency, max_launches)
+    used = {step.name for step in history}
+    prior: dict[str, str | None] = dict(history[-1].relaunch.overrides) if history else {}
+    env = attempts[-1].env
+
+    if diagnosis.kind == "revision_not_found":
+        if "revision" in used:
+            return Stop("the revision was already unpinned once")
+        return _revision_step(env, prior)
+    if diagnosis.kind == "memory_held":
+        if "held" in used:
+            return Stop("the memory was still held after waiting once")
+        return _Step(
+            "held",
+            Relaunch(
+                overrides=prior,
+                profile="same",
+                reason="another process held the memory vLLM needs; waiting for it and launching the same configuration",
+                tried_phrase="waited for the memory to be released and relaunched with the same settings",
+                wait_for_memory=True,
+            ),
+        )
+    if diagnosis.kind == "profiling_race":
+        if "race" in used:
+            return Stop("the memory measurement was disturbed again")
+        return _Step(
+            "race",
+            Relaunch(
+                overrides=prior,
+                profile="same",
+                reason="another process changed GPU memory while vLLM measured it; launching the same configuration",
+                tried_phrase="relaunched once with the same settings",
+                wait_for_memory=True,
+            ),
+        )
+    if diagnosis.kind == "memory_shortfall":
+        if diagnosis.detail in _NOT_FOOTPRINT_FIXABLE:
+            return Stop(_NOT_FOOTPRINT_FIXABLE[diagnosis.detail])
+        for name, build in (("seqs", _seqs_step), ("eager", _eager_step)):
+            if name in used:
+                continue
+            step = build(env, prior, max_concurrency)
+            if step is not None:
+                return step
+        return Stop("every memory relaunch step was used or would change nothing")
+    return Stop(f"{diagnosis.kind}: a relaunch cannot fix this")
+
+
+def _revision_step(env: Mapping[str, str], prior: dict[str, str | None]) -> _Step:
+    pinned = [name for name in REVISION_VARIABLES if env_value(env, name) is not None]
+    overrides = {**prior, **{name: None for name in pinned}}
+    if pinned:
+        names = ", ".join(pinned)
+        warnings = [
+            f"{name}={env_value(env, name)!r} no longer exists on the Hub; relaunching without it, "
+            f"so the repository's default branch is served"
+            for name in pinned
+        ]
+        phrase = f"relaunched without {names}"
+        reason = f"the pinned revision vanished; relaunching without {names}"
+    else:
+        warnings = []
+        phrase = "relaunched once to fetch the current revision"
+        reason = "the revision vLLM resolved vanished during the download; relaunching to resolve it again"
+    return _Step("revision", Relaunch(overrides=overrides, profile="revision_unpinned", reason=reason, tried_phrase=phrase, warnings=warnings))
+
+
+def _extra_args_flags(env: Mapping[str, str]) -> set[str]:
+    raw = env_value(env, EXTRA_ARGS)
+    if raw is None:
+        return set()
+    try:
+        words = shlex.split(raw)
+    except ValueError:
+        words = raw.split()
+    return {word[2:].split("=", 1)[0].replace("_", "-") for word in words if word.startswith("--")}
+
+
+def _seqs_step(env: Mapping[str, str], prior: dict[str, str | None], max_concurrency: int) -> _Step | None:
+    target = multiple_of_8_at_least(max_concurrency)
+    current = effective_max_num_seqs(env, max_concurrency)
+    if current <= target or "max-num-seqs" in _extra_args_flags(env):
+        return None
+    return _Step(
+        "seqs",
+        Relaunch(
+            overrides={**prior, "MAX_NUM_SEQS": str(target)},
+            profile=f"max_num_seqs={target}",
+            reason=(
+                f"out of memory with MAX_NUM_SEQS={current}; relaunching with MAX_NUM_SEQS={target} "
+                f"(enough for MAX_CONCURRENCY={max_concurrency}), CUDA graphs kept"
+            ),
+            tried_phrase=f"relaunched with MAX_NUM_SEQS={target}",
+        ),
+    )
+
+
+def _eager_step(env: Mapping[str, str], prior: dict[str, str | None], max_concurrency: int) -> _Step | None:
+    extra = _extra_args_flags(env)
+    delta: dict[str, str] = {}
+    warnings: list[str] = []
+    eager = env_bool(env, "ENFORCE_EAGER")
+    if eager is not True and not extra & {"enforce-eager", "no-enforce-eager"}:
+        delta["ENFORCE_EAGER"] = "true"
+        if eager is False:
+            warnings.append(
+                "ENFORCE_EAGER=false is OVERRIDDEN to true for this relaunch: the configuration does not fit "
+                "in memory with CUDA graphs; replies will be slower"
+            )
+    tokens = env_int(env, "MAX_NUM_BATCHED_TOKENS")
+    if (tokens is None or tokens > EAGER_MAX_BATCHED_TOKENS) and "max-num-batched-tokens" not in extra:
+        delta["MAX_NUM_BATCHED_TOKENS"] = str(EAGER_MAX_BATCHED_TOKENS)
+    if not delta:
+        return None
+    changed = " and ".join(f"{name}={value}" for name, value in delta.items())
+    kept = "MAX_NUM_BATCHED_TOKENS" not in delta and tokens is not None
+    note = f" (MAX_NUM_BATCHED_TOKENS={tokens} kept)" if kept else ""
+    return _Step(
+        "eager",
+        Relaunch(
+            overrides={**prior, **delta},
+            profile="eager",
+            reason=f"out of memory; relaunching with {changed}{note}: less memory, slower replies",
+            tried_phrase=f"relaunched with {changed}",
+            warnings=warnings,
+        ),
+    )

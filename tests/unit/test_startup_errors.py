@@ -1,0 +1,478 @@
+"""The startup classifier on real-shaped engine output (tests/support/vllm_texts.py).
+
+Each text carries the exact wording of vLLM 0.32 (or the transformers /
+huggingface_hub / torch text it surfaces) inside the log shape the worker's tail
+really has: INFO lines of a start that got far, the root cause printed twice, and
+"Engine core initialization failed" last.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.support import vllm_texts as t
+from vllm_worker import startup_errors
+from vllm_worker.preflight import GATED_REPO, REPO_NOT_FOUND, REVISION_NOT_FOUND, UNAUTHORIZED, Target, failure_message
+from vllm_worker.startup_errors import KINDS, classify, diagnose, memory_held, memory_shortfall
+
+MODEL = "acme/m"
+
+MEMORY_SHORTFALL = {
+    "KV_TOO_SMALL_WITH_ESTIMATE": "kv_too_small",
+    "KV_TOO_SMALL_NO_ESTIMATE": "kv_too_small",
+    "NO_CACHE_BLOCKS": "no_kv_memory",
+    "CANNOT_AUTO_FIT": "auto_fit",
+    "TORCH_OOM_AT_LOAD": "weights_load",
+    "TORCH_OOM": "out_of_memory",
+    "CUDA_ERROR_OOM": "out_of_memory",
+    "SAMPLER_WARMUP_OOM": "sampler_warmup",
+    "CPU_KV_NO_ROOM": "cpu_kv_no_room",
+    "CPU_KV_EXPLICIT_TOO_BIG": "cpu_kv_explicit",
+    "CPU_ALLOCATOR_OOM": "cpu_out_of_memory",
+}
+
+OTHER_CAUSES = {
+    "FREE_MEMORY_LESS_THAN_DESIRED": "memory_held",
+    "FREE_MEMORY_LESS_THAN_BUDGET": "memory_held",
+    "CPU_AVAILABLE_LESS_THAN_DESIRED": "memory_held",
+    "PROFILING_RACE": "profiling_race",
+    "MAX_MODEL_LEN_TOO_LARGE": "max_model_len_too_large",
+    "ARGPARSE_INVALID_INT": "bad_arguments",
+    "ARGPARSE_INVALID_CHOICE": "bad_arguments",
+    "ARGPARSE_UNRECOGNIZED": "bad_arguments",
+    "PYDANTIC_FIELD_ERROR": "bad_arguments",
+    "REPO_NOT_FOUND": "repo_not_found",
+    "REPO_NOT_FOUND_401": "repo_not_found",
+    "GATED_REPO": "gated_repo",
+    "GATED_REPO_403": "gated_repo",
+    "REVISION_NOT_FOUND": "revision_not_found",
+    "UNAUTHORIZED": "unauthorized",
+    "UNSUPPORTED_ARCHITECTURE": "unsupported_architecture",
+    "PREVIOUSLY_SUPPORTED_ARCHITECTURE": "unsupported_architecture",
+    "UNKNOWN_MODEL_TYPE": "unsupported_architecture",
+    "TRUST_REMOTE_CODE": "trust_remote_code",
+    "TRUST_REMOTE_CODE_TOKENIZER": "trust_remote_code",
+    "DISK_FULL": "disk_full",
+}
+
+NOT_CLASSIFIED = ["SUCCESS_GPU", "SUCCESS_CPU", "UNKNOWN_FAILURE", "NOISE_ONLY", "HUB_UNREACHABLE"]
+
+
+# --- every cause -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name,detail", sorted(MEMORY_SHORTFALL.items()))
+def test_memory_shortfall_wordings(name: str, detail: str) -> None:
+    text = getattr(t, name)
+    diagnosis = diagnose(text, MODEL)
+    assert diagnosis is not None
+    assert (diagnosis.kind, diagnosis.detail) == ("memory_shortfall", detail)
+    assert memory_shortfall(text)
+    assert not memory_held(text)
+
+
+@pytest.mark.parametrize("name,kind", sorted(OTHER_CAUSES.items()))
+def test_other_causes(name: str, kind: str) -> None:
+    text = getattr(t, name)
+    diagnosis = diagnose(text, MODEL, exit_code=2 if name.startswith("ARGPARSE") else 1)
+    assert diagnosis is not None
+    assert diagnosis.kind == kind
+    assert not memory_shortfall(text)
+    assert diagnosis.message == classify(text, MODEL, exit_code=2 if name.startswith("ARGPARSE") else 1)
+
+
+@pytest.mark.parametrize("name", sorted([*MEMORY_SHORTFALL, *OTHER_CAUSES]))
+def test_every_diagnosis_is_a_documented_kind_with_evidence(name: str) -> None:
+    diagnosis = diagnose(getattr(t, name), MODEL)
+    assert diagnosis is not None and diagnosis.kind in KINDS
+    # Evidence is the line that gave the cause away, without vLLM's log prefix.
+    assert diagnosis.evidence and "pid=" not in diagnosis.evidence
+    assert len(diagnosis.evidence) <= 400
+
+
+@pytest.mark.parametrize("name", NOT_CLASSIFIED)
+def test_success_noise_and_unknown_are_not_classified(name: str) -> None:
+    text = getattr(t, name)
+    assert diagnose(text, MODEL) is None
+    assert classify(text, MODEL) is None
+    assert not memory_shortfall(text)
+    assert not memory_held(text)
+
+
+def test_empty_output_is_not_classified() -> None:
+    assert diagnose("") is None
+
+
+def test_success_info_lines_around_a_failure_do_not_change_the_cause() -> None:
+    # A relaunch's output holds a healthy-looking prefix (the "Free memory on device (" INFO line,
+    # KV cache size, "to avoid OOM") before the real failure.
+    text = t.SUCCESS_GPU + "\n" + t.TRUST_REMOTE_CODE
+    diagnosis = diagnose(text, MODEL)
+    assert diagnosis is not None and diagnosis.kind == "trust_remote_code"
+
+
+@pytest.mark.parametrize("name", ["NO_CACHE_BLOCKS", "FREE_MEMORY_LESS_THAN_DESIRED", "PROFILING_RACE"])
+def test_root_cause_is_found_above_the_secondary_noise(name: str) -> None:
+    text = getattr(t, name)
+    last = text.strip().splitlines()[-1]
+    assert "Engine core initialization failed" in last
+    assert "EngineCore failed to start." in text
+    diagnosis = diagnose(text, MODEL)
+    assert diagnosis is not None
+    assert "Engine" not in diagnosis.evidence
+
+
+def test_a_hub_warning_earlier_does_not_hide_a_later_memory_failure() -> None:
+    warning = t.vllm_log(
+        "Cannot connect to Hugging Face Hub. Skipping file download for 'generation_config.json':\n"
+        "huggingface_hub.errors.HfHubHTTPError: 401 Client Error. (Request ID: Root=1-abc)",
+        level="WARNING",
+        where="repo_utils.py:410",
+        proc="APIServer pid=1",
+    )
+    diagnosis = diagnose(warning + "\n" + t.NO_CACHE_BLOCKS, MODEL)
+    assert diagnosis is not None and diagnosis.kind == "memory_shortfall"
+
+
+# --- memory shortfall messages --------------------------------------------------------
+
+
+def test_kv_too_small_with_estimate_gives_the_length_that_fits() -> None:
+    diagnosis = diagnose(t.KV_TOO_SMALL_WITH_ESTIMATE, MODEL, env={"MODEL_NAME": MODEL})
+    assert diagnosis is not None
+    assert diagnosis.estimated_max_len == 77392
+    assert "this GPU can serve about 77392 tokens; set MAX_MODEL_LEN <= 77392" in diagnosis.message
+    assert "131072" in diagnosis.message and "MAX_MODEL_LEN is not set" in diagnosis.message
+    assert "MODEL_NAME='acme/m'" in diagnosis.message
+
+
+def test_kv_too_small_names_an_explicit_max_model_len() -> None:
+    env = {"MODEL_NAME": MODEL, "MAX_MODEL_LEN": "131072"}
+    message = classify(t.KV_TOO_SMALL_WITH_ESTIMATE, MODEL, env=env)
+    assert message is not None and "at MAX_MODEL_LEN=131072" in message
+
+
+def test_kv_too_small_without_estimate_has_no_made_up_number() -> None:
+    diagnosis = diagnose(t.KV_TOO_SMALL_NO_ESTIMATE, MODEL, env={"MAX_MODEL_LEN": "32768"})
+    assert diagnosis is not None
+    assert diagnosis.estimated_max_len is None
+    assert "can serve about" not in diagnosis.message
+    assert "lower MAX_MODEL_LEN=32768" in diagnosis.message
+
+
+def test_fresh_failure_lists_every_knob_that_is_still_loose() -> None:
+    env = {"MODEL_NAME": MODEL, "MAX_NUM_SEQS": "256", "MAX_CONCURRENCY": "30"}
+    message = classify(t.KV_TOO_SMALL_WITH_ESTIMATE, MODEL, env=env)
+    assert message is not None
+    assert "set MAX_NUM_SEQS=32" in message
+    assert "set ENFORCE_EAGER=true" in message
+    assert "set MAX_NUM_BATCHED_TOKENS=8192" in message
+    assert "Already tried" not in message
+
+
+def test_message_after_both_relaunches_says_what_ran_and_lists_only_what_remains() -> None:
+    tried = [
+        "relaunched with MAX_NUM_SEQS=32",
+        "relaunched with ENFORCE_EAGER=true and MAX_NUM_BATCHED_TOKENS=8192",
+    ]
+    env = {
+        "MODEL_NAME": MODEL,
+        "MAX_NUM_SEQS": "32",
+        "ENFORCE_EAGER": "true",
+        "MAX_NUM_BATCHED_TOKENS": "8192",
+    }
+    message = classify(t.KV_TOO_SMALL_WITH_ESTIMATE, MODEL, env=env, tried=tried)
+    assert message is not None
+    assert f"Already tried: {tried[0]}; {tried[1]}." in message
+    for applied in ("set MAX_NUM_SEQS", "set ENFORCE_EAGER", "set MAX_NUM_BATCHED_TOKENS"):
+        assert applied not in message
+    assert "set MAX_MODEL_LEN <= 77392" in message
+    assert "quantized checkpoint" in message
+
+
+def test_a_knob_named_in_tried_is_not_suggested_even_if_env_lacks_it() -> None:
+    message = classify(t.NO_CACHE_BLOCKS, MODEL, env={}, tried=["relaunched with ENFORCE_EAGER=true and MAX_NUM_BATCHED_TOKENS=8192"])
+    assert message is not None
+    assert "set ENFORCE_EAGER" not in message and "set MAX_NUM_BATCHED_TOKENS" not in message
+
+
+@pytest.mark.parametrize(
+    "env,expected",
+    [
+        ({"MAX_NUM_BATCHED_TOKENS": "4096"}, False),  # the user's tighter value is kept
+        ({"MAX_NUM_BATCHED_TOKENS": "8192"}, False),
+        ({"MAX_NUM_BATCHED_TOKENS": "0"}, True),  # 0 means unset
+        ({"MAX_NUM_BATCHED_TOKENS": "16384"}, True),
+        ({}, True),
+    ],
+)
+def test_batched_tokens_suggested_only_when_looser_than_8192(env: dict[str, str], expected: bool) -> None:
+    message = classify(t.NO_CACHE_BLOCKS, MODEL, env=env)
+    assert message is not None
+    assert ("set MAX_NUM_BATCHED_TOKENS=8192" in message) is expected
+
+
+@pytest.mark.parametrize(
+    "env,expected",
+    [
+        ({"ENFORCE_EAGER": "true"}, False),
+        ({"ENFORCE_EAGER": "1"}, False),
+        ({"ENFORCE_EAGER": "false"}, True),
+        ({}, True),
+    ],
+)
+def test_eager_suggested_only_when_not_already_on(env: dict[str, str], expected: bool) -> None:
+    message = classify(t.NO_CACHE_BLOCKS, MODEL, env=env)
+    assert message is not None
+    assert ("set ENFORCE_EAGER=true" in message) is expected
+
+
+@pytest.mark.parametrize(
+    "env,expected",
+    [
+        ({}, False),  # the worker default is already MAX_CONCURRENCY rounded up to 8
+        ({"MAX_NUM_SEQS": "32"}, False),
+        ({"MAX_NUM_SEQS": "16"}, False),
+        ({"MAX_NUM_SEQS": "0"}, False),
+        ({"MAX_NUM_SEQS": "256"}, True),
+        ({"MAX_NUM_SEQS": "64", "MAX_CONCURRENCY": "64"}, False),
+        ({"MAX_NUM_SEQS": "128", "MAX_CONCURRENCY": "64"}, True),
+    ],
+)
+def test_max_num_seqs_suggested_only_above_concurrency(env: dict[str, str], expected: bool) -> None:
+    message = classify(t.TORCH_OOM, MODEL, env=env)
+    assert message is not None
+    assert ("set MAX_NUM_SEQS=" in message) is expected
+
+
+def test_utilization_advice_never_points_at_a_value_already_there() -> None:
+    assert "raise GPU_MEMORY_UTILIZATION from 0.92 to 0.95" in (classify(t.NO_CACHE_BLOCKS, MODEL, env={}) or "")
+    message = classify(t.NO_CACHE_BLOCKS, MODEL, env={"GPU_MEMORY_UTILIZATION": "0.95"})
+    assert message is not None and "GPU_MEMORY_UTILIZATION" not in message
+
+
+def test_kv_dtype_advice_only_when_kv_cache_is_not_already_fp8() -> None:
+    assert "KV_CACHE_DTYPE=fp8" in (classify(t.KV_TOO_SMALL_WITH_ESTIMATE, MODEL, env={}) or "")
+    assert "KV_CACHE_DTYPE" not in (classify(t.KV_TOO_SMALL_WITH_ESTIMATE, MODEL, env={"KV_CACHE_DTYPE": "fp8"}) or "")
+
+
+def test_cannot_auto_fit_is_a_memory_shortfall() -> None:
+    # Under MAX_MODEL_LEN=auto this check runs before "No available memory for the cache blocks".
+    diagnosis = diagnose(t.CANNOT_AUTO_FIT, MODEL, env={"MAX_MODEL_LEN": "auto"})
+    assert diagnosis is not None and diagnosis.kind == "memory_shortfall"
+    assert "MAX_MODEL_LEN=auto could not fit even one token" in diagnosis.message
+
+
+def test_sampler_warmup_names_the_batch_and_the_knob() -> None:
+    message = classify(t.SAMPLER_WARMUP_OOM, MODEL, env={"MAX_NUM_SEQS": "256"})
+    assert message is not None
+    assert "256 sequences" in message and "set MAX_NUM_SEQS=32" in message
+
+
+def test_weights_that_do_not_fit_get_no_batch_or_graph_advice() -> None:
+    message = classify(t.TORCH_OOM_AT_LOAD, MODEL, env={"MAX_NUM_SEQS": "256"})
+    assert message is not None
+    assert "loading its weights" in message
+    for knob in ("MAX_NUM_SEQS", "ENFORCE_EAGER", "MAX_NUM_BATCHED_TOKENS", "MAX_MODEL_LEN"):
+        assert knob not in message
+    assert "TENSOR_PARALLEL_SIZE" in message
+
+
+# --- memory held / race -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["FREE_MEMORY_LESS_THAN_DESIRED", "FREE_MEMORY_LESS_THAN_BUDGET", "CPU_AVAILABLE_LESS_THAN_DESIRED"])
+def test_memory_held_is_not_a_sizing_problem(name: str) -> None:
+    text = getattr(t, name)
+    diagnosis = diagnose(text, MODEL, env={"GPU_MEMORY_UTILIZATION": "0.92"})
+    assert diagnosis is not None and diagnosis.kind == "memory_held"
+    assert memory_held(text) and not memory_shortfall(text)
+    assert "GPU_MEMORY_UTILIZATION" not in diagnosis.message
+    assert "not a problem with the model or its settings" in diagnosis.message
+
+
+def test_memory_held_message_gives_the_numbers() -> None:
+    message = classify(t.FREE_MEMORY_LESS_THAN_DESIRED, MODEL)
+    assert message is not None
+    assert "only 10.48 of 79.19 GiB was free on GPU cuda:0" in message and "72.85 GiB" in message
+
+
+def test_memory_held_message_says_the_wait_already_ran() -> None:
+    tried = ["waited for the memory to be released and relaunched with the same settings"]
+    message = classify(t.FREE_MEMORY_LESS_THAN_DESIRED, MODEL, tried=tried)
+    assert message is not None and f"Already tried: {tried[0]}." in message
+
+
+def test_the_info_line_of_a_successful_start_is_not_memory_held() -> None:
+    info = [line for line in t.SUCCESS_GPU.splitlines() if "Free memory on device (" in line]
+    assert len(info) == 1
+    assert diagnose(info[0]) is None
+
+
+def test_profiling_race_message() -> None:
+    diagnosis = diagnose(t.PROFILING_RACE, MODEL)
+    assert diagnosis is not None
+    assert "from 61.2 to 63.71 GiB" in diagnosis.message
+    assert "GPU_MEMORY_UTILIZATION" not in diagnosis.message
+
+
+# --- configuration -----------------------------------------------------------------------
+
+
+def test_max_model_len_above_the_model_limit() -> None:
+    diagnosis = diagnose(t.MAX_MODEL_LEN_TOO_LARGE, MODEL, env={"MAX_MODEL_LEN": "200000"})
+    assert diagnosis is not None
+    assert (diagnosis.variable, diagnosis.value) == ("MAX_MODEL_LEN", "200000")
+    assert "MAX_MODEL_LEN=200000" in diagnosis.message
+    assert "set MAX_MODEL_LEN to 131072 or less" in diagnosis.message
+    assert "VLLM_ALLOW_LONG_MAX_MODEL_LEN" not in diagnosis.message
+
+
+def test_argparse_invalid_value_names_the_variable_and_value() -> None:
+    diagnosis = diagnose(t.ARGPARSE_INVALID_INT, MODEL, exit_code=2, env={"MAX_NUM_SEQS": "abc"})
+    assert diagnosis is not None
+    assert (diagnosis.variable, diagnosis.value) == ("MAX_NUM_SEQS", "abc")
+    assert "MAX_NUM_SEQS='abc'" in diagnosis.message and "invalid int value" in diagnosis.message
+
+
+def test_argparse_invalid_choice_lists_the_choices() -> None:
+    message = classify(t.ARGPARSE_INVALID_CHOICE, MODEL, exit_code=2, env={"DTYPE": "float7"})
+    assert message is not None
+    assert "DTYPE='float7'" in message and "'bfloat16'" in message
+
+
+def test_unrecognized_arguments_point_at_vllm_extra_args() -> None:
+    env = {"VLLM_EXTRA_ARGS": "--bogus-flag 1"}
+    diagnosis = diagnose(t.ARGPARSE_UNRECOGNIZED, MODEL, exit_code=2, env=env)
+    assert diagnosis is not None
+    assert "--bogus-flag 1" in diagnosis.message and "VLLM_EXTRA_ARGS" in diagnosis.message
+
+
+def test_pydantic_field_error_names_the_variable() -> None:
+    diagnosis = diagnose(t.PYDANTIC_FIELD_ERROR, MODEL, env={"GPU_MEMORY_UTILIZATION": "1.5"})
+    assert diagnosis is not None
+    assert (diagnosis.variable, diagnosis.value) == ("GPU_MEMORY_UTILIZATION", "1.5")
+    assert "less than or equal to 1" in diagnosis.message
+
+
+def test_architecture_messages_name_the_architecture() -> None:
+    assert "FooBarForCausalLM" in (classify(t.UNSUPPORTED_ARCHITECTURE, MODEL) or "")
+    assert "v0.10.2" in (classify(t.PREVIOUSLY_SUPPORTED_ARCHITECTURE, MODEL) or "")
+    assert "'acme_unknown'" in (classify(t.UNKNOWN_MODEL_TYPE, MODEL) or "")
+    # The supported list vLLM prints is hundreds of names long; the message is not.
+    assert len(classify(t.UNSUPPORTED_ARCHITECTURE, MODEL) or "") < 400
+
+
+def test_trust_remote_code_fix_only_when_not_already_set() -> None:
+    assert "set TRUST_REMOTE_CODE=true" in (classify(t.TRUST_REMOTE_CODE, MODEL) or "")
+    message = classify(t.TRUST_REMOTE_CODE, MODEL, env={"TRUST_REMOTE_CODE": "true"})
+    assert message is not None and "set TRUST_REMOTE_CODE=true" not in message
+
+
+def test_disk_full_names_the_path() -> None:
+    diagnosis = diagnose(t.DISK_FULL, MODEL)
+    assert diagnosis is not None
+    assert "/root/.cache/huggingface/hub/models--acme--big-model" in diagnosis.message
+    assert "larger container disk" in diagnosis.message
+
+
+# --- Hub access: the pre-flight's sentences --------------------------------------------
+
+
+def test_repo_not_found_reads_like_the_preflight() -> None:
+    for text in (t.REPO_NOT_FOUND, t.REPO_NOT_FOUND_401):
+        expected = failure_message(REPO_NOT_FOUND, Target("acme/missing-model", None), False)
+        assert classify(text, "acme/missing-model") == expected
+        # The repository comes from the log when the caller does not pass one.
+        assert classify(text) == expected
+
+
+@pytest.mark.parametrize("token_set", [False, True])
+def test_gated_repo_reads_like_the_preflight(token_set: bool) -> None:
+    env = {"HF_TOKEN": "hf_0123456789abcdef"} if token_set else {}
+    expected = failure_message(GATED_REPO, Target("acme/gated-model", None), token_set)
+    text = t.GATED_REPO_403 if token_set else t.GATED_REPO
+    assert classify(text, "acme/gated-model", env=env) == expected
+
+
+def test_revision_not_found_reads_like_the_preflight() -> None:
+    revision = "0123456789abcdef0123456789abcdef01234567"
+    env = {"MODEL_NAME": "acme/gone-model", "MODEL_REVISION": revision}
+    diagnosis = diagnose(t.REVISION_NOT_FOUND, "acme/gone-model", revision=revision, env=env)
+    assert diagnosis is not None
+    assert diagnosis.message == failure_message(REVISION_NOT_FOUND, Target("acme/gone-model", revision), False)
+    assert (diagnosis.repo, diagnosis.revision) == ("acme/gone-model", revision)
+
+
+def test_revision_pinned_by_vllm_itself_is_not_blamed_on_model_revision() -> None:
+    message = classify(t.REVISION_NOT_FOUND, "acme/gone-model", env={"MODEL_NAME": "acme/gone-model"})
+    assert message is not None
+    assert "MODEL_REVISION=" not in message and "disappeared" in message
+
+
+def test_unauthorized_reads_like_the_preflight() -> None:
+    env = {"HF_TOKEN": "hf_0123456789abcdef"}
+    expected = failure_message(UNAUTHORIZED, Target("acme/some-model", None), True)
+    assert classify(t.UNAUTHORIZED, "acme/some-model", env=env) == expected
+
+
+def test_the_log_names_the_repo_else_the_caller_does() -> None:
+    only_status = "Invalid credentials in Authorization header"
+    assert classify(only_status, "acme/passed") == startup_errors.unauthorized_message("acme/passed")
+
+
+def test_a_failing_tokenizer_repo_is_named_by_its_own_variable() -> None:
+    env = {"MODEL_NAME": "acme/m", "TOKENIZER_NAME": "acme/missing-model"}
+    message = classify(t.REPO_NOT_FOUND, "acme/m", env=env)
+    assert message == startup_errors.repo_not_found_message("acme/missing-model", "TOKENIZER_NAME")
+
+
+def test_a_401_inside_a_gated_or_missing_repo_chain_is_not_unauthorized() -> None:
+    assert "'401 Unauthorized'" in t.GATED_REPO and "401 Client Error" in t.REPO_NOT_FOUND_401
+    assert (diagnose(t.GATED_REPO) or pytest.fail()).kind == "gated_repo"
+    assert (diagnose(t.REPO_NOT_FOUND_401) or pytest.fail()).kind == "repo_not_found"
+
+
+def test_a_bare_401_line_after_the_specific_one_does_not_win() -> None:
+    # vLLM's retry logger (vllm/transformers_utils/repo_utils.py:124) repeats the status line last.
+    status_again = t.vllm_log(
+        "Error retrieving file list: 401 Client Error. (Request ID: Root=1-abc)",
+        level="ERROR",
+        where="repo_utils.py:124",
+        proc="APIServer pid=1",
+    )
+    for text, kind in ((t.GATED_REPO, "gated_repo"), (t.REPO_NOT_FOUND_401, "repo_not_found")):
+        diagnosis = diagnose(text + "\n" + status_again)
+        assert diagnosis is not None and diagnosis.kind == kind
+    # Alone, the status line is all there is to go on.
+    alone = diagnose(status_again, "acme/m")
+    assert alone is not None and alone.kind == "unauthorized"
+
+
+# --- secrets ----------------------------------------------------------------------------
+
+
+TOKEN = "hf_SuperSecretValue123"
+
+
+@pytest.mark.parametrize("name", sorted([*MEMORY_SHORTFALL, *OTHER_CAUSES]))
+def test_hf_token_value_never_appears(name: str) -> None:
+    env = {"HF_TOKEN": TOKEN, "MODEL_NAME": MODEL}
+    diagnosis = diagnose(getattr(t, name), MODEL, env=env)
+    assert diagnosis is not None
+    assert TOKEN not in diagnosis.message and TOKEN not in diagnosis.evidence
+
+
+def test_a_secret_echoed_by_argparse_is_masked() -> None:
+    text = f"usage: vllm serve [model_tag] [options]\nvllm: error: unrecognized arguments: --api-key {TOKEN}"
+    env = {"HF_TOKEN": TOKEN, "VLLM_EXTRA_ARGS": f"--api-key {TOKEN}"}
+    diagnosis = diagnose(text, MODEL, exit_code=2, env=env)
+    assert diagnosis is not None
+    assert TOKEN not in diagnosis.message and TOKEN not in diagnosis.evidence and TOKEN not in str(diagnosis.value)
+    assert "***" in diagnosis.message
+
+
+def test_values_of_ordinary_variables_are_not_mistaken_for_secrets() -> None:
+    env = {"MAX_NUM_BATCHED_TOKENS": "16384", "TOKENIZER_NAME": "acme/tok"}
+    message = classify(t.NO_CACHE_BLOCKS, MODEL, env=env)
+    assert message is not None and "(now 16384)" in message
