@@ -29,7 +29,9 @@ FLAGS = {
     "ENFORCE_EAGER": "true",
     "KV_CACHE_MEMORY_BYTES": str(64 * 1024 * 1024),
     "MAX_NUM_SEQS": "8",
+    "DTYPE": "bfloat16",
 }
+CPU_ENV = {"HF_HUB_OFFLINE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind", "PYTHONUNBUFFERED": "1"}
 READY_LINE = "engine ready; taking jobs"
 
 
@@ -43,9 +45,9 @@ def bare(port: int) -> float:
     argv = [
         str(VLLM), "serve", str(MODEL), "--host", "127.0.0.1", "--port", str(port),
         "--max-model-len", FLAGS["MAX_MODEL_LEN"], "--enforce-eager",
-        "--kv-cache-memory-bytes", FLAGS["KV_CACHE_MEMORY_BYTES"], "--max-num-seqs", FLAGS["MAX_NUM_SEQS"],
+        "--kv-cache-memory-bytes", FLAGS["KV_CACHE_MEMORY_BYTES"], "--max-num-seqs", FLAGS["MAX_NUM_SEQS"], "--dtype", FLAGS["DTYPE"],
     ]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    env = {**os.environ, **CPU_ENV}
     start = time.perf_counter()
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)
     try:
@@ -68,11 +70,10 @@ def worker(port: int) -> float:
     env = {
         **os.environ,
         **FLAGS,
+        **CPU_ENV,
         "MODEL_NAME": str(MODEL),
         "VLLM_COMMAND": f"{VLLM} serve",
         "VLLM_PORT": str(port),
-        "HF_HUB_OFFLINE": "1",
-        "PYTHONUNBUFFERED": "1",
     }
     # The local API mode keeps the worker off any control plane; readiness is the log line.
     argv = [str(WORKER), "run", "--rp_serve_api", "--rp_api_port", str(free_port())]

@@ -37,11 +37,6 @@ def post(url: str, payload: dict, timeout: float = 120) -> dict:
         return json.loads(response.read())
 
 
-def get(url: str, timeout: float = 120) -> dict:
-    with urllib.request.urlopen(url, timeout=timeout) as response:
-        return json.loads(response.read())
-
-
 def wait_for_api(base: str, worker: subprocess.Popen, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -69,7 +64,10 @@ def main() -> int:
         "ENFORCE_EAGER": "true",
         "KV_CACHE_MEMORY_BYTES": str(64 * 1024 * 1024),
         "MAX_CONCURRENCY": "8",
+        "DTYPE": "bfloat16",
         "HF_HUB_OFFLINE": "1",
+        # vLLM's CPU backend pins threads to cores by default and refuses small machines.
+        "VLLM_CPU_OMP_THREADS_BIND": "nobind",
         "RUNPOD_LOG_LEVEL": "WARN",
     }
     command = [str(ROOT / ".venv" / "bin" / "vllm-worker"), "run", "--rp_serve_api", "--rp_api_port", str(api_port)]
@@ -97,7 +95,7 @@ def main() -> int:
                 }
             },
         )
-        stream = get(f"{base}/stream/{job['id']}")
+        stream = post(f"{base}/stream/{job['id']}", {})
         print("\n== streaming job (SSE events) ==")
         for item in stream.get("stream", []):
             print(item.get("output", item), end="")

@@ -473,7 +473,7 @@ def _get_session(state: WorkerState) -> aiohttp.ClientSession:
     loop = asyncio.get_running_loop()
     limit = state.max_concurrency + _SPARE_CONNECTIONS
     session = _session
-    if False:
+    if session is not None and _session_loop is loop and _session_limit == limit and not session.closed:
         return session
     if session is not None and not session.closed and _session_loop is loop:
         loop.create_task(session.close())  # MAX_CONCURRENCY changed: requests still on it may finish

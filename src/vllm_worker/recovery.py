@@ -29,7 +29,7 @@ itself over the earlier attempts, so the caller keeps no ladder state.
 from __future__ import annotations
 
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Mapping, Sequence
 
 from vllm_worker.settings import multiple_of_8_at_least
@@ -100,38 +100,36 @@ def next_launch(
     max_launches: int = MAX_LAUNCHES,
 ) -> Relaunch | Stop:
     """The next launch after `attempts` (all failed, oldest first), or Stop."""
-    plan = _plan(base_env, attempts, max_concurrency, max_launches)
-    if isinstance(plan, Stop):
-        return plan
-    # The context length is the user's promise to their clients: never changed behind their back.
-    assert "MAX_MODEL_LEN" not in plan.relaunch.overrides
-    return plan.relaunch
-
-
-def _history(base_env: Mapping[str, str], attempts: Sequence[Attempt], max_concurrency: int, max_launches: int) -> list[_Step]:
-    """The steps that produced attempts[1:], recomputed (the ladder is deterministic)."""
-    steps: list[_Step] = []
-    for done in range(1, len(attempts)):
-        plan = _plan(base_env, attempts[:done], max_concurrency, max_launches)
-        if isinstance(plan, _Step):
-            steps.append(plan)
-    return steps
-
-
-def _plan(
-    base_env: Mapping[str, str],
-    attempts: Sequence[Attempt],
-    max_concurrency: int,
-    max_launches: int,
-) -> _Step | Stop:
     if not attempts:
         raise ValueError("next_launch needs at least one failed attempt")
+    # Which steps produced attempts[1:]: the ladder is deterministic, so replay it.
+    history: list[_Step] = []
+    for done in range(1, len(attempts)):
+        earlier = _plan(attempts[:done], history, max_concurrency, max_launches)
+        if isinstance(earlier, _Step):
+            history.append(earlier)
+    plan = _plan(attempts, history, max_concurrency, max_launches)
+    if isinstance(plan, Stop):
+        return plan
+    relaunch = plan.relaunch
+    # Only what differs from the user's configuration is an override.
+    overrides = {name: value for name, value in relaunch.overrides.items() if _changes(base_env, name, value)}
+    # The context length is the user's promise to their clients: never changed behind their back.
+    assert "MAX_MODEL_LEN" not in overrides
+    return replace(relaunch, overrides=overrides)
+
+
+def _changes(base_env: Mapping[str, str], name: str, value: str | None) -> bool:
+    return name in base_env if value is None else base_env.get(name) != value
+
+
+def _plan(attempts: Sequence[Attempt], history: Sequence[_Step], max_concurrency: int, max_launches: int) -> _Step | Stop:
+    """The step after `attempts`, given the steps that produced attempts[1:]."""
     if len(attempts) >= max_launches:
         return Stop(f"already launched {len(attempts)} times, the most the worker makes")
     diagnosis = attempts[-1].diagnosis
     if diagnosis is None:
         return Stop("the failure was not recognised, so no relaunch is known to help")
-    history = _history(base_env, attempts, max_concurrency, max_launches)
     used = {step.name for step in history}
     prior: dict[str, str | None] = dict(history[-1].relaunch.overrides) if history else {}
     env = attempts[-1].env

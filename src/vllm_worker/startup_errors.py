@@ -203,7 +203,6 @@ _RULES: tuple[_Rule, ...] = (
     _rule("profiling_race", r"Error in memory profiling\. Initial free memory"),
     # memory shortfall
     _rule("memory_shortfall", r"To serve at least one request with the model's max seq len", "kv_too_small"),
-    _rule("memory_shortfall", r"is larger than the maximum number of tokens that can be stored in KV cache", "kv_too_small"),
     _rule("memory_shortfall", r"No available memory for the cache blocks", "no_kv_memory"),
     _rule("memory_shortfall", r"Cannot auto-fit max_model_len", "auto_fit"),
     _rule("memory_shortfall", r"out of memory occurred when warming up (?:sampler|pooler)", "sampler_warmup"),

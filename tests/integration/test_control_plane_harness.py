@@ -142,6 +142,7 @@ def test_sigterm_ends_the_sdk_loop_cleanly(tmp_path: Path) -> None:
     with ControlPlane() as cp:
         worker = sdk_worker(tmp_path, cp).start()
         try:
+            worker.wait_for_log(r"--- Starting Serverless Worker \| +Version 1\.12\.", timeout=60)
             cp.wait_for_request("take", timeout=60)
         finally:
             code = worker.stop(timeout=30)

@@ -17,6 +17,7 @@ import json
 import os
 import signal
 import socket
+import sys
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
@@ -147,6 +148,18 @@ def test_an_invalid_max_concurrency_is_the_answer_to_every_job(cp: ControlPlane,
     assert worker.returncode == code == 0
     # No engine is booted for a configuration the worker cannot run.
     assert engine.launches() == []
+
+
+def test_the_console_script_the_image_runs_is_the_same_worker(cp: ControlPlane, tmp_path: Path) -> None:
+    # The Dockerfile's ENTRYPOINT is `vllm-worker run`, not `python -m vllm_worker`.
+    script = Path(sys.executable).with_name("vllm-worker")
+    assert script.exists(), f"{script} is missing: install the project (pip install -e .) into this environment"
+    env = worker_env(MAX_CONCURRENCY="0")
+    expected = settings_error(env)
+
+    with WorkerProcess(env, control_plane=cp, command=[str(script)], workdir=tmp_path):
+        job = cp.submit({"prompt": "hi"})
+        assert cp.result(job, timeout=JOB_TIMEOUT) == {"error": expected}
 
 
 def test_a_missing_model_name_is_answered_with_a_sentence_naming_it(cp: ControlPlane, tmp_path: Path) -> None:

@@ -433,6 +433,14 @@ GATED_REPO_403 = (
     "https://huggingface.co/acme/gated-model to ask for access."
 )
 
+# transformers/utils/hub.py:707 and :714 (`has_file`, used when probing a repository's files)
+GATED_REPO_HAS_FILE = (
+    "OSError: acme/gated-model is a gated repository. Make sure to request access at "
+    "https://huggingface.co/acme/gated-model and pass a token having permission to this repo either by "
+    "logging in with `hf auth login` or by passing `token=<your_token>`."
+)
+REPO_NOT_FOUND_HAS_FILE = "OSError: acme/missing-model is not a local folder or a valid repository name on 'https://hf.co'."
+
 # captured: huggingface_hub/utils/_http.py:882 then transformers/utils/hub.py:576
 REVISION_NOT_FOUND = (
     "huggingface_hub.errors.RevisionNotFoundError: 404 Client Error. (Request ID: Root=1-abc)\n"

@@ -45,6 +45,8 @@ OTHER_CAUSES = {
     "REPO_NOT_FOUND_401": "repo_not_found",
     "GATED_REPO": "gated_repo",
     "GATED_REPO_403": "gated_repo",
+    "GATED_REPO_HAS_FILE": "gated_repo",
+    "REPO_NOT_FOUND_HAS_FILE": "repo_not_found",
     "REVISION_NOT_FOUND": "revision_not_found",
     "UNAUTHORIZED": "unauthorized",
     "UNSUPPORTED_ARCHITECTURE": "unsupported_architecture",
@@ -425,6 +427,12 @@ def test_a_failing_tokenizer_repo_is_named_by_its_own_variable() -> None:
     env = {"MODEL_NAME": "acme/m", "TOKENIZER_NAME": "acme/missing-model"}
     message = classify(t.REPO_NOT_FOUND, "acme/m", env=env)
     assert message == startup_errors.repo_not_found_message("acme/missing-model", "TOKENIZER_NAME")
+
+
+def test_the_repository_is_read_from_every_hub_wording() -> None:
+    assert (diagnose(t.GATED_REPO_HAS_FILE) or pytest.fail()).repo == "acme/gated-model"
+    assert (diagnose(t.REPO_NOT_FOUND_HAS_FILE) or pytest.fail()).repo == "acme/missing-model"
+    assert (diagnose(t.UNAUTHORIZED) or pytest.fail()).repo == "acme/some-model"
 
 
 def test_a_401_inside_a_gated_or_missing_repo_chain_is_not_unauthorized() -> None:
