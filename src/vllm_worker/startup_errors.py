@@ -493,7 +493,7 @@ def _memory_shortfall(ctx: _Context) -> Diagnosis:
         if estimate is not None:
             fixes.append(f"this {device} can serve about {estimate} tokens; set MAX_MODEL_LEN <= {estimate}")
         elif where.startswith("MAX_MODEL_LEN="):
-            fixes.append(f"lower {where}")
+            fixes.append(f"lower MAX_MODEL_LEN (now {where.split('=', 1)[1]})")
         else:
             fixes.append("set MAX_MODEL_LEN to a shorter context (or MAX_MODEL_LEN=auto to fit what the memory holds)")
         if device == "GPU":
@@ -633,7 +633,8 @@ def _max_model_len(ctx: _Context) -> Diagnosis:
         r"\((\w+)=([\d.]+|None) or model_max_length=([\d.]+|None)",
         hit.line,
     )
-    value = env_value(ctx.env, "MAX_MODEL_LEN") or (m.group(1) if m else None)
+    # vLLM's own figure is what it rejected; the env may hold an alias or an extra-args override.
+    value = (m.group(1) if m else None) or env_value(ctx.env, "MAX_MODEL_LEN")
     limits = [n for n in ((_number(m.group(3)), _number(m.group(4))) if m else ()) if n is not None]
     limit = max(limits) if limits else None
     if limit is not None and m:

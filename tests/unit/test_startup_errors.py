@@ -159,7 +159,7 @@ def test_kv_too_small_without_estimate_has_no_made_up_number() -> None:
     assert diagnosis is not None
     assert diagnosis.estimated_max_len is None
     assert "can serve about" not in diagnosis.message
-    assert "lower MAX_MODEL_LEN=32768" in diagnosis.message
+    assert "lower MAX_MODEL_LEN (now 32768)" in diagnosis.message
 
 
 def test_fresh_failure_lists_every_knob_that_is_still_loose() -> None:
