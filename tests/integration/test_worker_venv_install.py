@@ -13,29 +13,12 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from tests.support.dockerfile import instructions
+
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "Dockerfile"
 WORKER_VENV = "/opt/worker"
 WORKER_SRC = "/opt/worker-src"
-
-
-def instructions(text: str) -> list[tuple[str, str]]:
-    """(INSTRUCTION, arguments) pairs, with continuation lines joined and comments dropped."""
-    result: list[tuple[str, str]] = []
-    pending = ""
-    for line in text.splitlines():
-        stripped = line.strip()
-        if stripped.startswith("#") or (not stripped and not pending):
-            continue
-        if stripped.endswith("\\"):
-            pending += stripped[:-1] + " "
-            continue
-        whole = (pending + stripped).strip()
-        pending = ""
-        if whole:
-            word, _, rest = whole.partition(" ")
-            result.append((word.upper(), rest.strip()))
-    return result
 
 
 def stage_sources(steps: list[tuple[str, str]], staged: Path) -> None:

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from vllm_worker import settings, versions
+from tests.support.dockerfile import instructions
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "Dockerfile"
@@ -32,25 +33,6 @@ SECRET_NAME = re.compile(r"(^|_)(TOKEN|API_KEY|KEY|SECRET|PASSWORD|PASSWD|CREDEN
 HF_TOKEN_VALUE = re.compile(r"hf_[A-Za-z0-9]{20,}")
 # Rules a `# hadolint ignore=` pragma may name, each for a reason written beside it in the Dockerfile.
 ALLOWED_IGNORES = {"DL3064"}  # "TOKEN" inside TOKENIZER_NAME / TOKENIZER_REVISION: repo ids, not secrets
-
-
-def instructions(text: str) -> list[tuple[str, str]]:
-    """(INSTRUCTION, arguments) pairs, with continuation lines joined and comments dropped."""
-    result: list[tuple[str, str]] = []
-    pending = ""
-    for line in text.splitlines():
-        stripped = line.strip()
-        if stripped.startswith("#") or (not stripped and not pending):
-            continue
-        if stripped.endswith("\\"):
-            pending += stripped[:-1] + " "
-            continue
-        whole = (pending + stripped).strip()
-        pending = ""
-        if whole:
-            word, _, rest = whole.partition(" ")
-            result.append((word.upper(), rest.strip()))
-    return result
 
 
 def parsed() -> list[tuple[str, str]]:
