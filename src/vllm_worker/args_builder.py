@@ -538,7 +538,16 @@ def build_args(env: Mapping[str, str], settings: Settings) -> BuiltArgs:
 
     served = values.get("SERVED_MODEL_NAME")
     served_model_name = _list_values("SERVED_MODEL_NAME", served, env)[0] if served else model
-    return BuiltArgs(argv=argv, served_model_name=served_model_name, engine_env=dict(env), warnings=warnings)
+    return BuiltArgs(argv=argv, served_model_name=served_model_name, engine_env=engine_env(env), warnings=warnings)
+
+
+# The platform's credentials and job-queue URLs: the worker's business, never the engine's.
+_WORKER_ONLY = ("RUNPOD_AI_API_KEY", "RUNPOD_WEBHOOK_")
+
+
+def engine_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The environment the engine is started with: the launch configuration less the worker-only variables."""
+    return {name: value for name, value in env.items() if not name.startswith(_WORKER_ONLY)}
 
 
 # --- masking -----------------------------------------------------------------

@@ -16,6 +16,11 @@ Why it is shaped this way:
 - ``main`` owns the engine's lifecycle and tells the handler about it through one
   module-level ``WorkerState`` (fatal error, readiness gate, degraded profile,
   status), set with ``configure``.
+- When the engine dies under running requests, main records the death in that state. A
+  request that failed the way a dying engine fails (dropped connection, vLLM's
+  EngineDeadError) waits a moment for that record and ends with its sentence, which names
+  the cause, rather than a bare connection error; one that never reached the engine is sent
+  again to the restarted engine.
 """
 
 from __future__ import annotations
@@ -31,6 +36,8 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncGenerator, NamedTuple, Protocol
 
 import aiohttp
+
+from vllm_worker.startup_errors import ENGINE_DEAD_TEXT
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +71,9 @@ class WorkerState:
     status: dict[str, Any] = field(default_factory=dict)
     # Set by main while the engine answers; jobs wait for it up to ready_timeout.
     ready: _Flag = field(default_factory=threading.Event)
+    # Engine deaths while serving, counted by main; `death` is what a job that was running then is told.
+    deaths: int = 0
+    death: str | None = None
 
     def mark_ready(self) -> None:
         """The engine answers: jobs go through (thread-safe; main's supervisor may call it)."""
@@ -72,6 +82,12 @@ class WorkerState:
     def mark_not_ready(self) -> None:
         """The engine is being (re)started: new jobs wait up to ready_timeout."""
         self.ready.clear()
+
+    def record_death(self, sentence: str) -> None:
+        """The serving engine died: jobs that were running end with `sentence`, new ones wait."""
+        self.ready.clear()
+        self.death = sentence
+        self.deaths += 1  # after `death`: a job that sees the count change reads the sentence
 
 
 _state: WorkerState | None = None
@@ -506,6 +522,9 @@ def _timeout(total: float) -> aiohttp.ClientTimeout:
 _JSON_HEADERS = {"Content-Type": "application/json"}
 _DONE = "data: [DONE]\n\n"
 _READY_POLL_S = 0.05
+# How long a request that failed the way a dying engine fails waits for main to confirm the death:
+# main sees an exit at once and a 503 from /health within its poll interval (about a second).
+DEATH_CONFIRM_S = 3.0
 
 
 def _with_notice(output: Any, state: WorkerState) -> Any:
@@ -532,6 +551,17 @@ async def _wait_ready(state: WorkerState) -> str | None:
             return not_ready_sentence(state.ready_timeout)
         await asyncio.sleep(min(_READY_POLL_S, remaining))
     return state.fatal
+
+
+async def _death_since(state: WorkerState, deaths_seen: int) -> str | None:
+    """The death sentence if main records an engine death (since `deaths_seen`) within DEATH_CONFIRM_S."""
+    deadline = time.monotonic() + DEATH_CONFIRM_S
+    while state.deaths == deaths_seen:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return None
+        await asyncio.sleep(min(_READY_POLL_S, remaining))
+    return state.death
 
 
 def _transport_sentence(error: BaseException, state: WorkerState, started: bool) -> str:
@@ -569,63 +599,82 @@ async def handler(job: dict[str, Any]) -> AsyncGenerator[Any, None]:
     except InputError as error:
         yield {"error": str(error)}
         return
-    if not state.ready.is_set():
-        problem = await _wait_ready(state)
-        if problem:
-            yield {"error": problem}
-            return
-
     # One flat generator on purpose: every extra async-generator layer costs per relayed chunk.
-    session = _get_session(state)
     data = json.dumps(request.body).encode() if request.body is not None else None
-    started = False
-    raw: bytes | None = None
-    failure: str | None = None
-    try:
-        async with session.request(
-            request.method,
-            f"http://{state.host}:{state.port}{request.path}",
-            data=data,
-            headers=_JSON_HEADERS if data is not None else None,
-            timeout=_timeout(state.request_timeout),
-        ) as response:
-            started = True
-            if response.status >= 400:
-                failure = error_sentence_from_response(
-                    response.status, await response.text(errors="replace"), request.path
-                )
-            elif response.headers.get("Content-Type", "").startswith("text/event-stream"):
-                if state.profile is not None:
-                    yield ": worker " + json.dumps(worker_notice(state.profile)) + "\n\n"
-                framer = SSEFramer()
-                last = ""
-                async for chunk in response.content.iter_any():
-                    batch = framer.feed_batch(chunk)
-                    if not batch:
-                        continue
-                    if '"error"' in batch:
-                        batch, failure = stream_error(batch)
-                    if batch:
-                        yield batch
-                        last = batch
-                    if failure is not None:
-                        break
+    retried = False
+    while True:
+        deaths_seen = state.deaths
+        if not state.ready.is_set():
+            problem = await _wait_ready(state)
+            if problem:
+                yield {"error": problem}
+                return
+        session = _get_session(state)
+        started = False
+        connected = True
+        raw: bytes | None = None
+        failure: str | None = None
+        try:
+            async with session.request(
+                request.method,
+                f"http://{state.host}:{state.port}{request.path}",
+                data=data,
+                headers=_JSON_HEADERS if data is not None else None,
+                timeout=_timeout(state.request_timeout),
+            ) as response:
+                started = True
+                if response.status >= 400:
+                    failure = error_sentence_from_response(
+                        response.status, await response.text(errors="replace"), request.path
+                    )
+                elif response.headers.get("Content-Type", "").startswith("text/event-stream"):
+                    if state.profile is not None:
+                        yield ": worker " + json.dumps(worker_notice(state.profile)) + "\n\n"
+                    framer = SSEFramer()
+                    last = ""
+                    async for chunk in response.content.iter_any():
+                        batch = framer.feed_batch(chunk)
+                        if not batch:
+                            continue
+                        if '"error"' in batch:
+                            batch, failure = stream_error(batch)
+                        if batch:
+                            yield batch
+                            last = batch
+                        if failure is not None:
+                            break
+                    else:
+                        rest = framer.close()
+                        if rest.strip():
+                            rest, failure = stream_error(rest.rstrip("\r\n") + "\n\n")
+                            if rest:
+                                yield rest
+                                last = rest
+                        if failure is None and not (last.endswith(_DONE) or last.rstrip().endswith("[DONE]")):
+                            yield _DONE
                 else:
-                    rest = framer.close()
-                    if rest.strip():
-                        rest, failure = stream_error(rest.rstrip("\r\n") + "\n\n")
-                        if rest:
-                            yield rest
-                            last = rest
-                    if failure is None and not (last.endswith(_DONE) or last.rstrip().endswith("[DONE]")):
-                        yield _DONE
-            else:
-                raw = await response.read()
-    except _TRANSPORT_ERRORS as error:
-        failure = _transport_sentence(error, state, started)
-    except Exception as error:  # a bug here must still reach the user as a sentence
-        log.exception("handler failed on %s %s", request.method, request.path)
-        failure = f"The worker failed while relaying the request to {request.path} ({type(error).__name__}: {error})."
+                    raw = await response.read()
+            dying = failure is not None and ENGINE_DEAD_TEXT in failure
+        except _TRANSPORT_ERRORS as error:
+            failure = _transport_sentence(error, state, started)
+            connected = not isinstance(error, aiohttp.ClientConnectorError)
+            dying = not isinstance(error, asyncio.TimeoutError)
+        except Exception as error:  # a bug here must still reach the user as a sentence
+            log.exception("handler failed on %s %s", request.method, request.path)
+            failure = f"The worker failed while relaying the request to {request.path} ({type(error).__name__}: {error})."
+            dying = False
+        if dying:
+            # The request never reached the engine: once it is restarting, wait for it and send the request there.
+            if not connected and not retried and not state.ready.is_set():
+                retried = True
+                continue
+            death = await _death_since(state, deaths_seen)
+            if death is not None:
+                if not connected and not retried:
+                    retried = True
+                    continue
+                failure = death
+        break
     if failure is not None:
         yield {"error": failure}
     elif raw is not None:

@@ -6,6 +6,14 @@ exits on a configuration error is restarted by the platform into the same error,
 is a crash loop the user cannot see; an answered job is something they can read.
 The one exception is a failure nobody could classify: there a restart of the host may
 help, so the worker exits non-zero and lets the platform try again.
+
+Once serving, the engine is watched (its exit, and vLLM's /health turning 503 when the
+engine core died under a live API server). A death ends the jobs that were running at once,
+with the cause, instead of letting them hang until REQUEST_TIMEOUT; the worker waits for the
+memory the dead engine held and relaunches the configuration that was serving, in place, while
+new jobs wait for it. A platform restart of the whole container would take longer and, on a
+GPU, meet the memory the old engine has not released yet. Restarts are bounded: a
+configuration that keeps killing its engine ends in an answer naming the cause.
 """
 
 from __future__ import annotations
@@ -18,12 +26,14 @@ import signal
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence, cast
 
 from vllm_worker import args_builder, gpu_memory, handler, recovery, startup_errors
 from vllm_worker import settings as settings_mod
-from vllm_worker.engine import Engine
+from vllm_worker.engine import Engine, health_url
 
 log = logging.getLogger("vllm_worker")
 
@@ -39,6 +49,7 @@ class StartupOutcome:
     profile: dict[str, Any] | None = None
     launches: list[dict[str, Any]] = field(default_factory=list)
     capacity: str | None = None
+    launch_env: dict[str, str] = field(default_factory=dict)  # the configuration that became ready
 
 
 class Supervisor:
@@ -72,12 +83,24 @@ class Supervisor:
         if engine is not None:
             engine.stop(self.settings.stop_grace)
 
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
+
 
 def _capacity_line(tail: str) -> str | None:
     for line in reversed(tail.splitlines()):
         if "Maximum concurrency for" in line or "KV cache size:" in line or "GPU KV cache size" in line:
             return line.split("] ", 1)[-1].strip()
     return None
+
+
+def _startup_timeout_message(settings: settings_mod.Settings) -> str:
+    return (
+        f"vLLM did not become ready within VLLM_STARTUP_TIMEOUT={settings.startup_timeout:g} seconds "
+        "and was stopped; if the model is large and still downloading, raise VLLM_STARTUP_TIMEOUT "
+        "or bake the model into the image."
+    )
 
 
 def _unclassified_message(exit_code: int | None, tail: str) -> str:
@@ -129,6 +152,7 @@ def start_engine(
             record["outcome"] = "ready"
             outcome.launches.append(record)
             outcome.engine = engine
+            outcome.launch_env = dict(launch_env)
             outcome.capacity = _capacity_line(engine.tail())
             if pending is not None:
                 outcome.profile = {
@@ -144,11 +168,7 @@ def start_engine(
         if state == "timeout":
             record["outcome"] = "timeout"
             outcome.launches.append(record)
-            outcome.fatal = (
-                f"vLLM did not become ready within VLLM_STARTUP_TIMEOUT={settings.startup_timeout:g} seconds "
-                "and was stopped; if the model is large and still downloading, raise VLLM_STARTUP_TIMEOUT "
-                "or bake the model into the image."
-            )
+            outcome.fatal = _startup_timeout_message(settings)
             return outcome
 
         diagnosis = startup_errors.diagnose(
@@ -178,13 +198,226 @@ def start_engine(
         for warning in step.warnings:
             log.warning(warning)
         log.warning("relaunching (%s): %s", step.profile, step.reason)
-        tried.append(step.tried_phrase)
+        if step.wait_for_memory and wait_for_memory is None:
+            tried.append("relaunched with the same settings, without waiting for memory (GPU_MEMORY_WAIT=false)")
+        else:
+            tried.append(step.tried_phrase)
         for key, value in step.overrides.items():
             if value is None:
                 launch_env.pop(key, None)
             else:
                 launch_env[key] = value
         pending = step if step.profile != "same" else pending
+
+
+# --------------------------------------------------------------------------- serving: death and restart
+
+HEALTH_POLL_S = 1.0
+# Only a 503 means dead; a /health slower than this (a busy CPU engine) is just skipped.
+HEALTH_TIMEOUT_S = 2.0
+LOGGED_TAIL_LINES = 60
+RESTARTING = "The worker is restarting the engine with the same settings; retry the request."
+
+# Loopback checks must never go through an HTTP(S)_PROXY from the environment.
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def health_status(url: str, timeout: float) -> int | None:
+    """The status vLLM's /health answers with (200, or 503 once its engine core is dead); None if none."""
+    try:
+        with _OPENER.open(url, timeout=timeout) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as error:
+        error.close()
+        return int(error.code)
+    except (urllib.error.URLError, OSError, ValueError):
+        return None
+
+
+def budget_sentence(message: str, deaths_in_window: int) -> str:
+    """What every job is answered with once the engine died more often than the restart budget allows."""
+    minutes = recovery.RESTART_WINDOW_S / 60
+    return (
+        f"{message} The engine has stopped {deaths_in_window} times within {minutes:g} minutes while serving, "
+        f"more than the worker's budget of {recovery.restart_budget_phrase()}, so it is not restarted again; "
+        f"after fixing the cause, or to try another machine, terminate this worker so the platform starts a fresh one."
+    )
+
+
+class EngineMonitor:
+    """Watches the serving engine; when it dies, ends the running jobs and relaunches the same configuration.
+
+    Runs in its own thread beside the runpod job loop and talks to the handler only through
+    `WorkerState`: `record_death` (running jobs end, new ones wait), `mark_ready`, `fatal`, `status`.
+    """
+
+    def __init__(
+        self,
+        supervisor: Supervisor,
+        settings: settings_mod.Settings,
+        state: handler.WorkerState,
+        launch_env: Mapping[str, str],
+        launches: Sequence[dict[str, Any]],
+        wait_for_memory: Callable[[Mapping[str, str]], str | None] | None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.supervisor = supervisor
+        self.settings = settings
+        self.state = state
+        self.launch_env = dict(launch_env)
+        self.launches = [dict(record) for record in launches]
+        self.wait_for_memory = wait_for_memory
+        self.clock = clock
+        self.restarts: list[float] = []
+        self.causes: list[str] = list(state.status.get("causes", []))
+        serving = self.launches[-1] if self.launches else {}
+        self._profile = serving.get("profile", "as configured")
+        self._overrides = dict(serving.get("overrides", {}))
+        self.thread: threading.Thread | None = None
+
+    def start(self, engine: Engine) -> threading.Thread:
+        self._publish()
+        self.thread = threading.Thread(target=self._run, args=(engine,), name="engine-monitor", daemon=True)
+        self.thread.start()
+        return self.thread
+
+    def _run(self, engine: Engine) -> None:
+        current: Engine | None = engine
+        try:
+            while current is not None:
+                how = self._watch(current)
+                if how is None:
+                    return
+                current = self._recover(current, how)
+        except SystemExit:  # Supervisor.launch: the worker is shutting down
+            return
+        except Exception as error:
+            log.exception("engine monitor failed")
+            if not self.supervisor.stopping:
+                self.state.fatal = (
+                    f"The worker failed while supervising the engine ({type(error).__name__}: {error}); "
+                    f"terminate this worker so the platform starts a fresh one."
+                )
+                self._publish()
+
+    def _watch(self, engine: Engine) -> str | None:
+        """Block until the engine dies ("exited", or "dead": alive with /health 503); None when stopped on purpose."""
+        exited = threading.Event()
+        engine.watch(lambda code: exited.set())
+        url = health_url(engine.host, engine.port)
+        while not self.supervisor.stopping:
+            if exited.wait(HEALTH_POLL_S):
+                return "exited"
+            if self.supervisor.stopping or engine.stopping:
+                return None
+            if health_status(url, HEALTH_TIMEOUT_S) == 503 and engine.alive() and not self.supervisor.stopping:
+                return "dead"
+        return None
+
+    def _recover(self, engine: Engine, how: str) -> Engine | None:
+        code = engine.returncode if how == "exited" else None
+        tail = engine.tail()
+        diagnosis = startup_errors.runtime_failure(tail, self.launch_env, exit_code=code)
+        now = self.clock()
+        recent = [at for at in self.restarts if now - at < recovery.RESTART_WINDOW_S]
+        allowed = recovery.restart_allowed(self.restarts, now)
+        sentence = f"{diagnosis.message} {RESTARTING}" if allowed else budget_sentence(diagnosis.message, len(recent) + 1)
+        log.error("the engine stopped while serving: %s", diagnosis.message)
+        record = self.launches[-1] if self.launches else {}
+        record.update(outcome="died", cause=diagnosis.kind, exit_code=code, message=diagnosis.message)
+        self.causes.append(diagnosis.kind)
+        if not allowed:
+            self.state.fatal = sentence  # before the death: jobs waiting for readiness read it
+        self.state.record_death(sentence)
+        # A 503 engine still holds its connections and memory; a crashed one may have left processes behind.
+        engine.stop(self.settings.stop_grace)
+        if not allowed:
+            self._give_up(sentence, tail)
+            return None
+        self.restarts.append(now)
+        self._publish()
+        return self._relaunch(diagnosis.kind)
+
+    def _relaunch(self, after: str) -> Engine | None:
+        while True:
+            log.warning(
+                "restarting the engine with the same configuration (restart %d; at most %s)",
+                len(self.restarts),
+                recovery.restart_budget_phrase(),
+            )
+            if self.wait_for_memory is not None:
+                problem = self.wait_for_memory(self.launch_env)
+                if problem:
+                    self._give_up(problem, None)
+                    return None
+            built = args_builder.build_args(self.launch_env, self.settings)  # it built before, unchanged
+            masked = args_builder.mask(built.argv)
+            number = len(self.launches) + 1
+            log.info("launch %d: %s", number, masked)
+            started = self.clock()
+            engine = self.supervisor.launch(built.argv, built.engine_env, masked)
+            ready = engine.wait_ready(self.settings.startup_timeout)
+            record: dict[str, Any] = {
+                "launch": number,
+                "profile": self._profile,
+                "overrides": dict(self._overrides),
+                "restart": len(self.restarts),
+                "after": after,
+                "seconds": round(self.clock() - started, 1),
+            }
+            self.launches.append(record)
+            if ready == "ready":
+                record["outcome"] = "ready"
+                self._publish()
+                self.state.mark_ready()
+                log.info("engine ready again after restart %d; taking jobs", len(self.restarts))
+                return engine
+            if self.supervisor.stopping:
+                return None
+            tail = engine.tail()
+            engine.stop(self.settings.stop_grace)
+            if ready == "timeout":
+                record["outcome"] = "timeout"
+                kind, message = "timeout", _startup_timeout_message(self.settings)
+            else:
+                diagnosis = startup_errors.diagnose(
+                    tail,
+                    self.launch_env.get("MODEL_NAME"),
+                    revision=self.launch_env.get("MODEL_REVISION"),
+                    exit_code=engine.returncode,
+                    env=self.launch_env,
+                )
+                kind = diagnosis.kind if diagnosis else "unrecognised"
+                message = diagnosis.message if diagnosis else _unclassified_message(engine.returncode, tail)
+                record.update(outcome="failed", exit_code=engine.returncode)
+            record["cause"] = kind
+            self.causes.append(kind)
+            log.error("launch %d failed: %s", number, message)
+            now = self.clock()
+            if not recovery.restart_allowed(self.restarts, now):
+                self._give_up(
+                    f"The engine stopped while serving and could not be started again: {message}", tail
+                )
+                return None
+            self.restarts.append(now)
+            after = kind
+
+    def _give_up(self, sentence: str, tail: str | None) -> None:
+        self.state.fatal = sentence
+        self._publish()
+        if tail:
+            lines = tail.splitlines()[-LOGGED_TAIL_LINES:]
+            log.error("the engine's last %d lines of output:\n%s", len(lines), "\n".join(lines))
+        log.error("%s Answering every job with this.", sentence)
+
+    def _publish(self) -> None:
+        # A new dict each time: the handler may be serialising the old one for a status job.
+        status = dict(self.state.status)
+        status["launches"] = [dict(record) for record in self.launches]
+        status["restarts"] = len(self.restarts)
+        status["causes"] = list(self.causes)
+        status["fatal"] = self.state.fatal
+        self.state.status = status
 
 
 def _serve(state: handler.WorkerState, settings: settings_mod.Settings | None, supervisor: Supervisor | None) -> None:
@@ -202,6 +435,17 @@ def _serve(state: handler.WorkerState, settings: settings_mod.Settings | None, s
 
         rp_scale.JobScaler.handle_shutdown = handle_shutdown  # type: ignore[method-assign]
 
+    original_run = rp_scale.JobScaler.run
+
+    async def run_then_close(self: Any) -> None:
+        try:
+            await original_run(self)
+        finally:
+            # Inside the SDK's loop, before asyncio.run closes it: no "Unclosed client session" at exit.
+            await handler.close_session()
+
+    rp_scale.JobScaler.run = run_then_close  # type: ignore[method-assign]
+
     concurrency = settings.max_concurrency if settings else 1
     runpod.serverless.start(
         {
@@ -215,6 +459,9 @@ def _serve(state: handler.WorkerState, settings: settings_mod.Settings | None, s
 def run(env: Mapping[str, str] | None = None) -> int:
     """Start the worker; returns the process exit code."""
     env = dict(os.environ if env is None else env)
+    # The SDK reads its level when imported and defaults to DEBUG, which logs every job's output.
+    if not os.environ.get("RUNPOD_LOG_LEVEL") and not os.environ.get("RUNPOD_DEBUG_LEVEL"):
+        os.environ["RUNPOD_LOG_LEVEL"] = "INFO"
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s vllm_worker: %(message)s", stream=sys.stdout)
 
     try:
@@ -254,6 +501,7 @@ def run(env: Mapping[str, str] | None = None) -> int:
                 "profile": outcome.profile["name"] if outcome.profile else "as configured",
                 "causes": [r["cause"] for r in outcome.launches if r.get("cause")],
                 "capacity": outcome.capacity,
+                "restarts": 0,
                 "fatal": outcome.fatal,
             },
         )
@@ -262,6 +510,10 @@ def run(env: Mapping[str, str] | None = None) -> int:
         else:
             state.mark_ready()
             log.info("engine ready; taking jobs (up to %d at once)", settings.max_concurrency)
+        if outcome.engine is not None and not outcome.fatal:
+            EngineMonitor(
+                supervisor, settings, state, outcome.launch_env, outcome.launches, memory_waiter(settings)
+            ).start(outcome.engine)
         sdk_import.join()
         _serve(state, settings, supervisor)
         return 0
@@ -279,13 +531,28 @@ def _startup(env: dict[str, str], settings: settings_mod.Settings, supervisor: S
         log.error("pre-flight: %s", result.message)
         return StartupOutcome(fatal=result.message)
 
+    waiter = memory_waiter(settings)
+    if waiter is None:
+        log.info("GPU_MEMORY_WAIT=false: every launch starts without waiting for memory")
+    return start_engine(env, settings, supervisor, waiter)
+
+
+def memory_waiter(settings: settings_mod.Settings) -> Callable[[Mapping[str, str]], str | None] | None:
+    """What runs before every launch: wait for the memory vLLM checks; None when GPU_MEMORY_WAIT is off."""
+    if not settings.gpu_memory_wait:
+        return None
+    platform = cast(gpu_memory.Platform, settings.engine_device)
+
     def wait_for_memory(launch_env: Mapping[str, str]) -> str | None:
         waited = gpu_memory.wait_for_memory(
-            launch_env, timeout=settings.gpu_memory_wait_timeout, log=lambda line: log.info("%s", line)
+            launch_env,
+            timeout=settings.gpu_memory_wait_timeout,
+            platform=platform,
+            log=lambda line: log.info("%s", line),
         )
         return None if waited.ok else waited.message
 
-    return start_engine(env, settings, supervisor, wait_for_memory)
+    return wait_for_memory
 
 
 def cli(argv: Sequence[str] | None = None) -> int:

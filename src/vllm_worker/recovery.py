@@ -256,3 +256,33 @@ def _eager_step(env: Mapping[str, str], prior: dict[str, str | None], max_concur
             warnings=warnings,
         ),
     )
+
+
+# --- restarts of an engine that died while serving ------------------------------------------
+
+# An engine that served and then died is restarted in place with the same configuration, but
+# a configuration that keeps killing it must not restart forever: past this many restarts in
+# the window, jobs are answered with the cause instead.
+MAX_RESTARTS = 3
+RESTART_WINDOW_S = 1800.0
+
+
+def restart_allowed(
+    restarts: Sequence[float],
+    now: float,
+    max_restarts: int = MAX_RESTARTS,
+    window_s: float = RESTART_WINDOW_S,
+) -> bool:
+    """Whether one more in-place restart fits the budget.
+
+    restarts: when the earlier restarts happened (any clock, the same as `now`). Those older
+    than `window_s` no longer count, so a worker that dies once a day restarts every time.
+    """
+    recent = [at for at in restarts if now - at < window_s]
+    return len(recent) < max_restarts
+
+
+def restart_budget_phrase(max_restarts: int = MAX_RESTARTS, window_s: float = RESTART_WINDOW_S) -> str:
+    """How messages name the budget: "3 restarts within 30 minutes"."""
+    minutes = window_s / 60
+    return f"{max_restarts} restart{'s' if max_restarts != 1 else ''} within {minutes:g} minutes"

@@ -43,6 +43,8 @@ class Settings:
     stop_grace: float = 10.0
     gpu_memory_wait_timeout: float = 300.0
     log_tail_lines: int = 400
+    gpu_memory_wait: bool = True
+    engine_device: str = "auto"
 
 
 # name -> (default as documented, description); README's table is checked against this.
@@ -56,7 +58,20 @@ DOCUMENTED: dict[str, tuple[str, str]] = {
     "VLLM_STOP_GRACE": ("10", "seconds between SIGTERM and SIGKILL when the engine is stopped"),
     "GPU_MEMORY_WAIT_TIMEOUT": ("300", "seconds to wait for GPU memory held by a previous process to be released"),
     "ENGINE_LOG_TAIL_LINES": ("400", "lines of the engine's output kept for diagnosing a failure"),
+    "GPU_MEMORY_WAIT": (
+        "true",
+        "before every launch, wait until the memory vLLM checks at startup is free; false launches at once",
+    ),
+    "ENGINE_DEVICE": (
+        "auto",
+        "whose memory that wait reads: auto or cuda (the GPUs, through NVML or nvidia-smi), "
+        "cpu (the host memory vLLM's CPU backend checks)",
+    ),
 }
+
+ENGINE_DEVICES = ("auto", "cuda", "cpu")
+_TRUE = ("true", "1", "yes", "on")
+_FALSE = ("false", "0", "no", "off")
 
 
 def multiple_of_8_at_least(n: int) -> int:
@@ -98,6 +113,24 @@ def _positive_seconds(raw: str) -> float:
     return value
 
 
+def _bool(raw: str) -> bool:
+    word = raw.lower()
+    if word in _TRUE:
+        return True
+    if word in _FALSE:
+        return False
+    raise ValueError(raw)
+
+
+def _one_of(choices: tuple[str, ...]) -> Callable[[str], str]:
+    def convert(raw: str) -> str:
+        if raw.lower() not in choices:
+            raise ValueError(raw)
+        return raw.lower()
+
+    return convert
+
+
 def _command(raw: str) -> tuple[str, ...]:
     words = tuple(shlex.split(raw))
     if not words:
@@ -120,4 +153,6 @@ def load(env: Mapping[str, str]) -> Settings:
         stop_grace=_parse(env, "VLLM_STOP_GRACE", 10.0, _positive_seconds, seconds),
         gpu_memory_wait_timeout=_parse(env, "GPU_MEMORY_WAIT_TIMEOUT", 300.0, _positive_seconds, seconds),
         log_tail_lines=_parse(env, "ENGINE_LOG_TAIL_LINES", 400, _int_in(10, 100000), "a whole number from 10 to 100000"),
+        gpu_memory_wait=_parse(env, "GPU_MEMORY_WAIT", True, _bool, "true or false (also 1/0, yes/no, on/off)"),
+        engine_device=_parse(env, "ENGINE_DEVICE", "auto", _one_of(ENGINE_DEVICES), "one of " + ", ".join(ENGINE_DEVICES)),
     )

@@ -430,3 +430,16 @@ def test_error_sentence_matches_settings_error():
     args_error = ArgsError("X", "v", "use y")
     assert str(args_error) == str(SettingsError("X", "v", "use y"))
     assert args_builder.BOOL_ACCEPTED.startswith("use true or false")
+
+
+def test_the_platforms_credentials_and_queue_urls_stay_out_of_the_engine_env():
+    env = {
+        "MODEL_NAME": "org/model",
+        "HF_TOKEN": TOKEN,
+        "RUNPOD_AI_API_KEY": "rp-api-key-value",
+        "RUNPOD_WEBHOOK_GET_JOB": "https://api.runpod.ai/v2/ep/job-take/$ID",
+        "RUNPOD_WEBHOOK_POST_OUTPUT": "https://api.runpod.ai/v2/ep/job-done/$RUNPOD_POD_ID/$ID",
+        "RUNPOD_POD_ID": "pod-1",
+    }
+    built = build_args(env, SETTINGS)
+    assert built.engine_env == {"MODEL_NAME": "org/model", "HF_TOKEN": TOKEN, "RUNPOD_POD_ID": "pod-1"}

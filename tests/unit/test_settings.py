@@ -64,3 +64,15 @@ def test_every_documented_variable_is_read() -> None:
 @pytest.mark.parametrize(("n", "expected"), [(1, 8), (8, 8), (9, 16), (30, 32), (32, 32), (33, 40)])
 def test_multiple_of_8(n: int, expected: int) -> None:
     assert multiple_of_8_at_least(n) == expected
+
+
+def test_memory_wait_settings() -> None:
+    s = load({})
+    assert (s.gpu_memory_wait, s.engine_device) == (True, "auto")
+    s = load({"GPU_MEMORY_WAIT": "off", "ENGINE_DEVICE": " CPU "})
+    assert (s.gpu_memory_wait, s.engine_device) == (False, "cpu")
+    assert load({"GPU_MEMORY_WAIT": "Yes", "ENGINE_DEVICE": "cuda"}).gpu_memory_wait is True
+    with pytest.raises(SettingsError, match=r"^ENGINE_DEVICE='tpu' is not valid: one of auto, cuda, cpu\.$"):
+        load({"ENGINE_DEVICE": "tpu"})
+    with pytest.raises(SettingsError, match="true or false"):
+        load({"GPU_MEMORY_WAIT": "maybe"})

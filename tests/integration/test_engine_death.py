@@ -1,0 +1,393 @@
+"""An engine that dies while serving, seen as a client sees it: the worker as a process, the real SDK.
+
+What is checked is what the control plane receives: the job that was running when the engine
+died ends with the cause at once (not after REQUEST_TIMEOUT), the next jobs wait for the
+in-place relaunch of the same configuration and are served, the status job lists every launch
+with the cause of each death, and a configuration that keeps killing its engine ends, past the
+restart budget, in an answer every job gets.
+
+The engine is `tests/support/fake_vllm.py`: a crash mid-request with a CUDA out-of-memory
+traceback cannot be produced on this machine. The last tests run the handler in-process against
+an aiohttp server on 127.0.0.1, to pin which sentence a request caught by a death ends with. The real CPU engine's death (kill -9, /health
+503) is exercised in tests/engine/test_self_healing.py. The memory wait runs with the real
+CPU probe of this machine (ENGINE_DEVICE=cpu), no stand-in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import time
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import pytest
+from aiohttp import web
+
+from tests.support import fake_vllm, vllm_texts
+from tests.support.control_plane import ControlPlane
+from tests.support.worker_proc import WorkerProcess
+from vllm_worker import gpu_memory, main, recovery, startup_errors
+from vllm_worker import handler as handler_module
+from vllm_worker.handler import WorkerState
+
+pytestmark = pytest.mark.integration
+
+MODEL = "acme/tiny-chat"
+MESSAGES = [{"role": "user", "content": "Say five words."}]
+JOB = {"messages": MESSAGES, "sampling_params": {"max_tokens": 3}}
+STATUS = {"route": "/worker/status"}
+# Long on purpose: a job that ends with the death's cause did not wait for this.
+REQUEST_TIMEOUT = "900"
+RESULT_TIMEOUT = 120.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+class FakeEngine:
+    """The scripted `vllm serve` for one test: its variables for the worker, and what it saw."""
+
+    def __init__(self, root: Path, launches: Sequence[dict[str, Any]]) -> None:
+        self.state_dir = root / "fake-vllm"
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.script = fake_vllm.write_script(root / "fake-vllm-script.json", launches)
+        self.port = free_port()
+
+    def env(self) -> dict[str, str]:
+        return {
+            "VLLM_COMMAND": fake_vllm.command(),
+            "VLLM_PORT": str(self.port),
+            "FAKE_VLLM_SCRIPT": str(self.script),
+            "FAKE_VLLM_STATE_DIR": str(self.state_dir),
+        }
+
+    def launches(self) -> list[dict[str, Any]]:
+        return fake_vllm.launches(self.state_dir)
+
+    def requests(self) -> list[dict[str, Any]]:
+        return fake_vllm.requests(self.state_dir)
+
+    def kill_leftovers(self) -> None:
+        for launch in self.launches():
+            if alive(launch["pid"]):
+                try:
+                    os.kill(launch["pid"], signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
+
+def worker_env(engine: FakeEngine, **extra: str) -> dict[str, str]:
+    env = {"HF_HUB_OFFLINE": "1", "MODEL_NAME": MODEL, "REQUEST_TIMEOUT": REQUEST_TIMEOUT, **engine.env()}
+    env.update(extra)
+    return env
+
+
+@pytest.fixture
+def cp() -> Iterator[ControlPlane]:
+    with ControlPlane() as plane:
+        yield plane
+
+
+def run_job(cp: ControlPlane, job_input: Any) -> tuple[dict[str, Any], float]:
+    """Submit a job and wait for its answer; returns it and the seconds it took."""
+    started = time.monotonic()
+    result = cp.result(cp.submit(job_input), timeout=RESULT_TIMEOUT)
+    return result, time.monotonic() - started
+
+
+def status(cp: ControlPlane) -> dict[str, Any]:
+    result, _ = run_job(cp, STATUS)
+    [report] = result["output"]
+    return report
+
+
+def content(result: dict[str, Any]) -> str:
+    [completion] = result["output"]
+    return completion["choices"][0]["message"]["content"]
+
+
+# ----------------------------------------------------------------------------- a crash while serving
+
+
+def test_a_crash_while_serving_ends_the_running_job_and_the_same_configuration_serves_again(
+    cp: ControlPlane, tmp_path: Path
+) -> None:
+    engine = FakeEngine(
+        tmp_path,
+        [
+            # Serves one request, then dies on the next with a CUDA out-of-memory traceback.
+            {"serve": True, "crash_after_requests": 1, "text": "TORCH_OOM", "exit_code": 1},
+            # The relaunch takes a few seconds to answer, so a job sent meanwhile must wait for it.
+            {"serve": True, "ready_after": 3},
+        ],
+    )
+    env = worker_env(engine, MAX_NUM_SEQS="64")
+    try:
+        with WorkerProcess(env, control_plane=cp, workdir=tmp_path) as worker:
+            first, _ = run_job(cp, JOB)
+            dying, seconds = run_job(cp, JOB)
+            print(f"the job running when the engine died was answered after {seconds:.2f} s")
+            # Sent right after the death was answered: the relaunch is still starting.
+            waiting, _ = run_job(cp, JOB)
+            report = status(cp)
+            log = worker.log()
+            seen = dict(worker.env)
+    finally:
+        engine.kill_leftovers()
+
+    assert content(first) == "w0 w1 w2"
+    # The running job got the cause, not a hang until REQUEST_TIMEOUT nor a bare connection error.
+    expected = startup_errors.runtime_failure(vllm_texts.TORCH_OOM, seen, exit_code=1)
+    assert expected.kind == "runtime_oom"
+    assert dying == {"error": f"{expected.message} {main.RESTARTING}"}
+    assert "MAX_NUM_BATCHED_TOKENS" in expected.message and "MAX_NUM_SEQS (now 64)" in expected.message
+    assert "GPU_MEMORY_UTILIZATION" not in expected.message
+    assert content(waiting) == "w0 w1 w2"
+
+    launches = engine.launches()
+    # The same configuration, relaunched in place: the argv is identical.
+    assert [launch["argv"] for launch in launches] == [launches[0]["argv"]] * 2
+    served = engine.requests()
+    assert [r["launch"] for r in served if r["method"] == "POST"] == [0, 0, 1]
+
+    assert report["ready"] is True and report["fatal"] is None
+    assert report["restarts"] == 1
+    assert report["causes"] == ["runtime_oom"]
+    died, relaunched = report["launches"]
+    assert (died["launch"], died["outcome"], died["cause"], died["exit_code"]) == (1, "died", "runtime_oom", 1)
+    assert (relaunched["launch"], relaunched["outcome"], relaunched["restart"], relaunched["after"]) == (
+        2,
+        "ready",
+        1,
+        "runtime_oom",
+    )
+    assert relaunched["profile"] == died["profile"] == "as configured"
+    assert "the engine stopped while serving" in log and "launch 2:" in log
+
+
+def test_a_configuration_that_keeps_killing_its_engine_is_answered_with_the_cause(
+    cp: ControlPlane, tmp_path: Path
+) -> None:
+    # Every launch dies on its first request.
+    engine = FakeEngine(
+        tmp_path, [{"serve": True, "crash_after_requests": 0, "output": "RuntimeError: boom", "exit_code": 3}]
+    )
+    env = worker_env(engine)
+    try:
+        with WorkerProcess(env, control_plane=cp, workdir=tmp_path) as worker:
+            answers = [run_job(cp, JOB)[0] for _ in range(recovery.MAX_RESTARTS + 2)]
+            report = status(cp)
+            log = worker.log()
+    finally:
+        engine.kill_leftovers()
+
+    cause = startup_errors.runtime_failure("RuntimeError: boom", env, exit_code=3)
+    assert cause.message == "The engine exited with code 3 while serving requests; its last error was: RuntimeError: boom."
+    restarting = {"error": f"{cause.message} {main.RESTARTING}"}
+    final = {"error": main.budget_sentence(cause.message, recovery.MAX_RESTARTS + 1)}
+    # Each death within the budget is restarted; the one past it is answered, and so is every later job.
+    assert answers == [restarting] * recovery.MAX_RESTARTS + [final, final]
+    assert "not restarted again" in final["error"] and "terminate this worker" in final["error"]
+
+    assert len(engine.launches()) == recovery.MAX_RESTARTS + 1
+    assert report["restarts"] == recovery.MAX_RESTARTS
+    assert report["fatal"] == final["error"] and report["ready"] is False
+    assert [(r["outcome"], r["cause"], r["exit_code"]) for r in report["launches"]] == [
+        ("died", "engine_died", 3)
+    ] * (recovery.MAX_RESTARTS + 1)
+    # Past the budget the engine's last words are in the log, where the operator looks.
+    assert "the engine's last" in log and log.rindex("RuntimeError: boom") > log.index("the engine's last")
+
+
+# ----------------------------------------------------------------------------- the memory wait, real probe
+
+
+def cpu_memory_need_that_never_fits() -> dict[str, str]:
+    """A launch configuration whose memory need the real CPU probe can never see free here."""
+    [node] = gpu_memory.probe_cpu({})
+    assert node.free < node.total  # a running machine always uses some memory
+    return {"ENGINE_DEVICE": "cpu", "GPU_MEMORY_UTILIZATION": "1.0"}
+
+
+def test_memory_that_never_frees_ends_in_an_answer_naming_the_wait(cp: ControlPlane, tmp_path: Path) -> None:
+    engine = FakeEngine(tmp_path, [{"serve": True}])
+    env = worker_env(engine, GPU_MEMORY_WAIT_TIMEOUT="2", **cpu_memory_need_that_never_fits())
+    try:
+        with WorkerProcess(env, control_plane=cp, workdir=tmp_path) as worker:
+            answer, _ = run_job(cp, JOB)
+            log = worker.log()
+    finally:
+        engine.kill_leftovers()
+
+    error = answer["error"]
+    assert error.startswith("The engine was not started: memory was still in use by another process after waiting ")
+    assert "GPU_MEMORY_WAIT_TIMEOUT=2 seconds" in error and "GiB needed" in error
+    # The wait is the problem, not the setting the need came from.
+    assert "GPU_MEMORY_UTILIZATION" not in error and "utilization" not in error.lower()
+    assert engine.launches() == []
+    assert "waiting for memory to be released" in log
+
+
+def test_with_the_wait_off_the_same_configuration_launches_at_once(cp: ControlPlane, tmp_path: Path) -> None:
+    engine = FakeEngine(tmp_path, [{"serve": True}])
+    env = worker_env(engine, GPU_MEMORY_WAIT="false", GPU_MEMORY_WAIT_TIMEOUT="2", **cpu_memory_need_that_never_fits())
+    try:
+        with WorkerProcess(env, control_plane=cp, workdir=tmp_path) as worker:
+            answer, _ = run_job(cp, JOB)
+            log = worker.log()
+    finally:
+        engine.kill_leftovers()
+
+    assert content(answer) == "w0 w1 w2"
+    assert len(engine.launches()) == 1
+    assert "GPU_MEMORY_WAIT=false" in log and "waiting for memory to be released" not in log
+
+
+# ----------------------------------------------------------------------------- the SDK's own log
+
+
+def test_job_output_stays_out_of_the_log_and_shutdown_is_clean(cp: ControlPlane, tmp_path: Path) -> None:
+    engine = FakeEngine(tmp_path, [{"serve": True}])
+    env = worker_env(engine)
+    env.pop("RUNPOD_LOG_LEVEL", None)
+    try:
+        with WorkerProcess(env, control_plane=cp, workdir=tmp_path) as worker:
+            answer, _ = run_job(cp, {"prompt": "hi", "sampling_params": {"max_tokens": 7}})
+            code = worker.stop(timeout=60)
+            log = worker.log()
+    finally:
+        engine.kill_leftovers()
+
+    [completion] = answer["output"]
+    assert completion["choices"][0]["text"] == "w0 w1 w2 w3 w4 w5 w6"
+    assert code == 0
+    # The SDK's default level is DEBUG, which prints every job's output: users' completions.
+    assert "w0 w1 w2 w3 w4 w5 w6" not in log
+    assert "Unclosed client session" not in log and "Unclosed connector" not in log
+
+
+# ----------------------------------------------------------------------------- the handler when a death is recorded
+#
+# In-process, against an aiohttp server on 127.0.0.1: which sentence a request caught by a death
+# ends with, and that a request that never reached the engine is sent again to the restarted one.
+
+DEATH = "The engine was killed by signal 9 (SIGKILL) while serving requests. " + main.RESTARTING
+# What vLLM 0.32 streams to a request whose engine core died (vllm/v1/engine/exceptions.py:16).
+DEAD_EVENT = (
+    'data: {"error": {"message": "EngineCore encountered an issue. See stack trace (above) for the root cause.", '
+    '"type": "InternalServerError", "param": null, "code": 500}}\n\n'
+)
+
+
+async def serve(routes: web.RouteTableDef, port: int = 0) -> tuple[web.AppRunner, int]:
+    app = web.Application()
+    app.add_routes(routes)
+    runner = web.AppRunner(app, shutdown_timeout=0.1)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", port)
+    await site.start()
+    return runner, site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+
+def chat_routes(answer: web.Response | None = None, stream_first: str | None = None) -> web.RouteTableDef:
+    routes = web.RouteTableDef()
+
+    @routes.post("/v1/chat/completions")
+    async def chat(request: web.Request) -> web.StreamResponse:
+        if stream_first is None:
+            return web.json_response({"object": "chat.completion", "choices": [{"message": {"content": "again"}}]})
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(stream_first.encode())
+        await response.write(DEAD_EVENT.encode())
+        await response.write_eof()
+        return response
+
+    return routes
+
+
+def on_death_wait(monkeypatch: pytest.MonkeyPatch) -> asyncio.Event:
+    """An event set when a request starts waiting for main to confirm a death."""
+    entered = asyncio.Event()
+    original = handler_module._death_since
+
+    async def wrapped(state: WorkerState, deaths_seen: int) -> str | None:
+        entered.set()
+        return await original(state, deaths_seen)
+
+    monkeypatch.setattr(handler_module, "_death_since", wrapped)
+    return entered
+
+
+async def run_handler(state: WorkerState, job_input: Any) -> list[Any]:
+    handler_module.configure(state)
+    try:
+        return [part async for part in handler_module.handler({"id": "job-1", "input": job_input})]
+    finally:
+        await handler_module.close_session()
+
+
+async def test_a_stream_cut_by_a_dead_engine_core_ends_with_the_death_sentence(monkeypatch: pytest.MonkeyPatch) -> None:
+    first = 'data: {"choices": [{"delta": {"content": "w0"}}]}\n\n'
+    runner, port = await serve(chat_routes(stream_first=first))
+    state = WorkerState(served_model_name="m", port=port)
+    state.mark_ready()
+    entered = on_death_wait(monkeypatch)
+
+    async def main_notices() -> None:
+        await entered.wait()
+        state.record_death(DEATH)
+
+    try:
+        parts, _ = await asyncio.gather(
+            run_handler(state, {"messages": MESSAGES, "stream": True}), main_notices()
+        )
+    finally:
+        await runner.cleanup()
+    # What was streamed stays; the end is the cause, not vLLM's "see stack trace (above)".
+    assert parts == [first, {"error": DEATH}]
+
+
+async def test_a_request_that_never_reached_the_engine_goes_to_the_restarted_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    port = free_port()  # nothing listens: the engine just died
+    state = WorkerState(served_model_name="m", port=port)
+    state.mark_ready()
+    entered = on_death_wait(monkeypatch)
+    runners: list[web.AppRunner] = []
+
+    async def main_restarts() -> None:
+        await entered.wait()
+        state.record_death(DEATH)
+        runner, _ = await serve(chat_routes(), port)
+        runners.append(runner)
+        state.mark_ready()
+
+    try:
+        parts, _ = await asyncio.gather(run_handler(state, {"messages": MESSAGES}), main_restarts())
+    finally:
+        for runner in runners:
+            await runner.cleanup()
+    assert parts == [{"object": "chat.completion", "choices": [{"message": {"content": "again"}}]}]
+
+
+async def test_a_dropped_connection_without_a_death_keeps_its_own_sentence() -> None:
+    state = WorkerState(served_model_name="m", port=free_port())
+    state.mark_ready()
+    [answer] = await run_handler(state, {"messages": MESSAGES})
+    assert answer == {"error": handler_module.unreachable_sentence("127.0.0.1", state.port, "connection refused")}
