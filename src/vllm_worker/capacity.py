@@ -1247,8 +1247,9 @@ def _changes(facts: ModelFacts, total: int | None, knobs: Knobs, base: Plan, max
             found.append(Change("KV_CACHE_DTYPE", "fp8", "--kv-cache-dtype", "halves the KV cache per token; check output quality"))
     if gpu and not knobs.enforce_eager:
         eager = replace(knobs, enforce_eager=True)
-        if knobs.max_num_batched_tokens is None or knobs.max_num_batched_tokens > EAGER_MAX_BATCHED_TOKENS:
-            eager = replace(eager, max_num_batched_tokens=min(base.max_num_batched_tokens, EAGER_MAX_BATCHED_TOKENS))
+        # The ladder caps the effective value (vLLM's card default when unset); it never raises it.
+        if base.max_num_batched_tokens > EAGER_MAX_BATCHED_TOKENS:
+            eager = replace(eager, max_num_batched_tokens=EAGER_MAX_BATCHED_TOKENS)
         if fits(eager):
             found.append(Change("ENFORCE_EAGER", "true", "--enforce-eager", "no CUDA graphs: less memory, slower replies"))
     if base.max_model_len > 1 and not base.problems and knobs.max_model_len != -1:
@@ -1337,7 +1338,7 @@ def fit_profile(
     candidates: list[tuple[Any, dict[str, str], Plan]] = []
     while True:
         attempts.append(recovery.Attempt(env=dict(launch_env), diagnosis=shortfall))
-        step = recovery.next_launch(env, attempts, max_concurrency)
+        step = recovery.next_launch(env, attempts, max_concurrency, device_total_bytes=device_total_bytes)
         if isinstance(step, recovery.Stop):
             break
         launch_env = _apply(env, step.overrides)

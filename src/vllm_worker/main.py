@@ -31,7 +31,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence, cast
 
-from vllm_worker import args_builder, gpu_memory, handler, recovery, startup_errors
+from vllm_worker import args_builder, capacity, gpu_memory, handler, recovery, startup_errors
 from vllm_worker import settings as settings_mod
 from vllm_worker.engine import Engine, health_url
 
@@ -49,6 +49,7 @@ class StartupOutcome:
     profile: dict[str, Any] | None = None
     launches: list[dict[str, Any]] = field(default_factory=list)
     capacity: str | None = None
+    capacity_plan: dict[str, Any] = field(default_factory=dict)
     launch_env: dict[str, str] = field(default_factory=dict)  # the configuration that became ready
 
 
@@ -116,13 +117,23 @@ def start_engine(
     settings: settings_mod.Settings,
     supervisor: Supervisor,
     wait_for_memory: Callable[[Mapping[str, str]], str | None] | None = None,
+    startup_plan: capacity.StartupPlan | None = None,
+    device_total_bytes: int | None = None,
 ) -> StartupOutcome:
-    """Launch the engine, relaunching per the recovery ladder, until ready or out of options."""
+    """Launch the engine, relaunching per the recovery ladder, until ready or out of options.
+
+    A capacity plan that predicts the configuration cannot fit starts the first launch on
+    the ladder profile it predicts will (`startup_plan.relaunch`), so the ladder's later
+    steps stay available as the safety net.
+    """
     outcome = StartupOutcome()
     attempts: list[recovery.Attempt] = []
     tried: list[str] = []
     launch_env: dict[str, str] = dict(env)
     pending: recovery.Relaunch | None = None
+    if startup_plan is not None and startup_plan.relaunch is not None:
+        pending = startup_plan.relaunch
+        _apply(launch_env, pending.overrides)
     while True:
         try:
             built = args_builder.build_args(launch_env, settings)
@@ -154,6 +165,8 @@ def start_engine(
             outcome.engine = engine
             outcome.launch_env = dict(launch_env)
             outcome.capacity = _capacity_line(engine.tail())
+            if startup_plan is not None:
+                outcome.capacity_plan = _capacity_status(startup_plan, launch_env, engine.tail(), settings)
             if pending is not None:
                 outcome.profile = {
                     "name": pending.profile,
@@ -191,7 +204,7 @@ def start_engine(
             return outcome
         log.error("launch %d failed: %s", len(attempts), diagnosis.message)
 
-        step = recovery.next_launch(env, attempts, settings.max_concurrency)
+        step = recovery.next_launch(env, attempts, settings.max_concurrency, device_total_bytes=device_total_bytes)
         if isinstance(step, recovery.Stop):
             outcome.fatal = diagnosis.message
             return outcome
@@ -202,12 +215,29 @@ def start_engine(
             tried.append("relaunched with the same settings, without waiting for memory (GPU_MEMORY_WAIT=false)")
         else:
             tried.append(step.tried_phrase)
-        for key, value in step.overrides.items():
-            if value is None:
-                launch_env.pop(key, None)
-            else:
-                launch_env[key] = value
+        _apply(launch_env, step.overrides)
         pending = step if step.profile != "same" else pending
+
+
+def _apply(launch_env: dict[str, str], overrides: Mapping[str, str | None]) -> None:
+    """Env overrides of a ladder profile: a value sets the variable, None removes it."""
+    for key, value in overrides.items():
+        if value is None:
+            launch_env.pop(key, None)
+        else:
+            launch_env[key] = value
+
+
+def _capacity_status(
+    startup_plan: capacity.StartupPlan, launch_env: Mapping[str, str], tail: str, settings: settings_mod.Settings
+) -> dict[str, Any]:
+    """Predicted against actual capacity, logged once and kept for the status job."""
+    predicted = startup_plan.predict_for(launch_env)
+    report = capacity.capacity_report(predicted, capacity.parse_engine_capacity(tail), settings.max_concurrency)
+    log.info("%s", report.log_line)
+    for warning in report.warnings:
+        log.warning("%s", warning)
+    return {**startup_plan.status_fields(), **report.status}
 
 
 # --------------------------------------------------------------------------- serving: death and restart
@@ -459,24 +489,27 @@ def _serve(state: handler.WorkerState, settings: settings_mod.Settings | None, s
 def run(env: Mapping[str, str] | None = None) -> int:
     """Start the worker; returns the process exit code."""
     env = dict(os.environ if env is None else env)
-    # The SDK reads its level when imported and defaults to DEBUG, which logs every job's output.
-    if not os.environ.get("RUNPOD_LOG_LEVEL") and not os.environ.get("RUNPOD_DEBUG_LEVEL"):
-        os.environ["RUNPOD_LOG_LEVEL"] = "INFO"
+    _prepare_worker_process()
+    # Importing the runpod SDK takes a while; do it while the worker starts and the engine boots.
+    sdk_import = threading.Thread(target=importlib.import_module, args=("runpod",), daemon=True)
+    sdk_import.start()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s vllm_worker: %(message)s", stream=sys.stdout)
 
     try:
         settings = settings_mod.load(env)
     except settings_mod.SettingsError as exc:
         log.error("%s Answering every job with this.", exc)
+        sdk_import.join()
         _serve(handler.WorkerState(fatal=str(exc)), None, None)
         return 0
 
     supervisor = Supervisor(settings)
-    # Importing the runpod SDK takes over a second; do it while the engine boots, not after.
-    sdk_import = threading.Thread(target=importlib.import_module, args=("runpod",), daemon=True)
-    sdk_import.start()
+    owner = os.getpid()
 
     def on_signal(signum: int, frame: Any) -> None:
+        if os.getpid() != owner:
+            # A child forked by the SDK (its heartbeat) inherits this handler; the engine is not its to stop.
+            os._exit(128 + signum)
         log.info("signal %d during startup: stopping the engine", signum)
         supervisor.stop()
         raise SystemExit(128 + signum)
@@ -501,6 +534,7 @@ def run(env: Mapping[str, str] | None = None) -> int:
                 "profile": outcome.profile["name"] if outcome.profile else "as configured",
                 "causes": [r["cause"] for r in outcome.launches if r.get("cause")],
                 "capacity": outcome.capacity,
+                "capacity_plan": outcome.capacity_plan,
                 "restarts": 0,
                 "fatal": outcome.fatal,
             },
@@ -521,20 +555,69 @@ def run(env: Mapping[str, str] | None = None) -> int:
         supervisor.stop()
 
 
+def _prepare_worker_process() -> None:
+    """Process-wide settings of the worker itself (not the engine's environment), before imports.
+
+    - The runpod SDK reads its log level at import and defaults to DEBUG, which would log every
+      job's output, users' completions included.
+    - huggingface_hub's user-agent telemetry fetches a registry from the Hub before the first
+      call, one more round trip (up to 3 s against a hanging Hub) in front of the pre-flight.
+    - The SDK's debugger module asks py-cpuinfo for the CPU's name at import, which spawns a
+      Python subprocess and costs about a second of every cold start for a debug string.
+    """
+    if not os.environ.get("RUNPOD_LOG_LEVEL") and not os.environ.get("RUNPOD_DEBUG_LEVEL"):
+        os.environ["RUNPOD_LOG_LEVEL"] = "INFO"
+    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+    try:
+        import cpuinfo
+    except ImportError:
+        return
+    cpuinfo.get_cpu_info = _cpu_brand
+
+
+def _cpu_brand() -> dict[str, str]:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return {"brand_raw": line.split(":", 1)[1].strip()}
+    except OSError:
+        pass
+    return {"brand_raw": "unknown"}
+
+
 def _startup(env: dict[str, str], settings: settings_mod.Settings, supervisor: Supervisor) -> StartupOutcome:
     from vllm_worker import preflight
 
-    result = preflight.run(env)  # it logs its own transient warnings
+    # The safetensors counts ride on the one metadata call, for the capacity plan.
+    result = preflight.run(env, expand=["safetensors"])  # it logs its own transient warnings
     if result.skipped_reason:
         log.info("pre-flight skipped: %s", result.skipped_reason)
     if not result.ok:
         log.error("pre-flight: %s", result.message)
         return StartupOutcome(fatal=result.message)
 
+    devices = gpu_memory.probe(env, cast(gpu_memory.Platform, settings.engine_device))
+    on_cpu = bool(devices) and devices[0].kind == "cpu"
+    total = min(d.total for d in devices) if devices and not on_cpu else None
+    plan = capacity.startup_plan(
+        env,
+        total,
+        settings.max_concurrency,
+        device_name=devices[0].name if devices else None,
+        platform="cpu" if on_cpu else "cuda",
+        safetensors_parameters=result.model_info_summary.safetensors_parameters if result.model_info_summary else None,
+    )
+    log.info("%s", plan.log_line)
+    for warning in plan.warnings:
+        log.warning("%s", warning)
+    if plan.fatal_message:
+        return StartupOutcome(fatal=plan.fatal_message)
+
     waiter = memory_waiter(settings)
     if waiter is None:
         log.info("GPU_MEMORY_WAIT=false: every launch starts without waiting for memory")
-    return start_engine(env, settings, supervisor, waiter)
+    return start_engine(env, settings, supervisor, waiter, plan, total)
 
 
 def memory_waiter(settings: settings_mod.Settings) -> Callable[[Mapping[str, str]], str | None] | None:
@@ -565,8 +648,11 @@ def cli(argv: Sequence[str] | None = None) -> int:
     )
     sub = parser.add_subparsers(dest="command")
     sub.add_parser("run", help="start the worker (default); runpod flags such as --rp_serve_api pass through")
+    sub.add_parser("plan", help="predict whether a model fits a GPU, before any download (`vllm-worker plan --help`)", add_help=False)
     if not args or args[0].startswith("--rp_") or args[0].startswith("--test_input"):
         args = ["run", *args]
+    if args[0] == "plan":
+        return capacity.plan_cli(args[1:])
     known, rest = parser.parse_known_args(args)
     if known.command == "run":
         # The runpod SDK reads its own flags from sys.argv.

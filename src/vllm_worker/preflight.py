@@ -33,6 +33,7 @@ from typing import Mapping, Sequence
 
 from vllm_worker.startup_errors import (
     gated_repo_message,
+    model_path_missing_message,
     repo_not_found_message,
     revision_not_found_message,
     unauthorized_message,
@@ -122,6 +123,22 @@ def is_local_path(reference: str) -> bool:
 
 def hub_token(env: Mapping[str, str]) -> str | None:
     return _value(env, "HF_TOKEN") or _value(env, "HUGGING_FACE_HUB_TOKEN")
+
+
+def missing_local_path(env: Mapping[str, str]) -> tuple[str, str] | None:
+    """(variable, path) when the model is given as a filesystem path that is not there.
+
+    vLLM would take such a value for a Hub repository id and fail after its own start-up;
+    checked before the skip rules, since an offline or baked deploy can have a wrong path too.
+    """
+    for variable in ("BAKED_MODEL_PATH", "MODEL_NAME"):
+        value = _value(env, variable)
+        if value is None:
+            continue
+        if value.startswith(("/", "./", "../", "~/")) and not os.path.exists(os.path.expanduser(value)):
+            return variable, value
+        return None
+    return None
 
 
 def should_skip(env: Mapping[str, str]) -> str | None:
@@ -316,6 +333,11 @@ def run(
     fields (e.g. "safetensors" for capacity planning); the decision fields are added.
     """
     started = time.monotonic()
+    missing = missing_local_path(env)
+    if missing is not None:
+        message = model_path_missing_message(missing[1], missing[0])
+        logger.error("Model pre-flight failed: %s", message)
+        return PreflightResult(ok=False, kind="model_path_missing", message=message)
     reason = should_skip(env)
     if reason is not None:
         logger.info("Model pre-flight skipped: %s.", reason)

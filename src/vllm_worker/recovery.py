@@ -11,12 +11,18 @@ itself, within a hard budget of three launches in all:
   graphs and lowers MAX_NUM_SEQS to the smallest multiple of 8 >= MAX_CONCURRENCY
   (a field measurement found most of the failing band fits there at full speed);
   step 2 disables graphs (ENFORCE_EAGER=true) and caps MAX_NUM_BATCHED_TOKENS at
-  8192, at a real cost in speed on small models. Each knob is relaxed only when the
-  user's value is looser: a tighter value is kept, MAX_NUM_BATCHED_TOKENS=0 counts
-  as unset, an explicit ENFORCE_EAGER=false is overridden with a loud warning. A
-  step that would change nothing is skipped, and when neither can, there is no
-  relaunch. MAX_MODEL_LEN is never lowered: it is the user's contract with their
-  clients, so the message tells them the length that fits instead;
+  8192, at a real cost in speed on small models. The cap lowers only a larger value:
+  unset (or 0), vLLM's own default is 2048 on most cards and 8192 on 70 GiB ones, so
+  setting 8192 would raise the activation memory; only on cards of 160 GiB or more
+  (default 16384, vLLM 0.32 engine/arg_utils.py) is an unset value capped, and only
+  when the caller says how big the card is. Each knob is relaxed only when the user's
+  value is looser: a tighter value is kept, an explicit ENFORCE_EAGER=false is
+  overridden with a loud warning. A step that would change nothing is skipped, and
+  when neither can, there is no relaunch. A KV cache too small for the context while
+  its size is fixed (KV_CACHE_MEMORY_BYTES, or VLLM_CPU_KVCACHE_SPACE on the CPU
+  engine) is not relaunched: vLLM uses that size whatever the batch or graphs, so
+  only the user can change it. MAX_MODEL_LEN is never lowered: it is the user's
+  contract with their clients, so the message tells them the length that fits instead;
 - memory held by another process, or a profiling race with one: the model and its
   settings are fine, so one relaunch of the same configuration after waiting for
   the memory, never a smaller footprint.
@@ -40,11 +46,17 @@ from vllm_worker.startup_errors import (
     env_bool,
     env_int,
     env_value,
+    explicit_kv_cache_size,
 )
 
 MAX_LAUNCHES = 3
 REVISION_VARIABLES = ("MODEL_REVISION", "REVISION", "TOKENIZER_REVISION", "CODE_REVISION")
 EXTRA_ARGS = "VLLM_EXTRA_ARGS"
+# From this device size vLLM 0.32's default max_num_batched_tokens for the OpenAI server is
+# 16384, above the eager step's cap (engine/arg_utils.py, _set_default_max_num_seqs_and_batched_tokens_args).
+LARGEST_DEFAULT_BATCH_FROM_BYTES = 160 * 2**30
+# KV shortfalls whose only cause is the KV cache's size: a fixed size makes them unfixable by a relaunch.
+_KV_SIZE_DETAILS = ("kv_too_small", "no_kv_memory", "auto_fit")
 
 # Memory shortfalls that no batch or graph setting can help.
 _NOT_FOOTPRINT_FIXABLE = {
@@ -98,17 +110,23 @@ def next_launch(
     attempts: Sequence[Attempt],
     max_concurrency: int,
     max_launches: int = MAX_LAUNCHES,
+    *,
+    device_total_bytes: int | None = None,
 ) -> Relaunch | Stop:
-    """The next launch after `attempts` (all failed, oldest first), or Stop."""
+    """The next launch after `attempts` (all failed, oldest first), or Stop.
+
+    device_total_bytes: the GPU's total memory when known; it decides whether vLLM's default
+    MAX_NUM_BATCHED_TOKENS is above the eager step's cap (None: assume it is not).
+    """
     if not attempts:
         raise ValueError("next_launch needs at least one failed attempt")
     # Which steps produced attempts[1:]: the ladder is deterministic, so replay it.
     history: list[_Step] = []
     for done in range(1, len(attempts)):
-        earlier = _plan(attempts[:done], history, max_concurrency, max_launches)
+        earlier = _plan(attempts[:done], history, max_concurrency, max_launches, device_total_bytes)
         if isinstance(earlier, _Step):
             history.append(earlier)
-    plan = _plan(attempts, history, max_concurrency, max_launches)
+    plan = _plan(attempts, history, max_concurrency, max_launches, device_total_bytes)
     if isinstance(plan, Stop):
         return plan
     relaunch = plan.relaunch
@@ -123,7 +141,13 @@ def _changes(base_env: Mapping[str, str], name: str, value: str | None) -> bool:
     return name in base_env if value is None else base_env.get(name) != value
 
 
-def _plan(attempts: Sequence[Attempt], history: Sequence[_Step], max_concurrency: int, max_launches: int) -> _Step | Stop:
+def _plan(
+    attempts: Sequence[Attempt],
+    history: Sequence[_Step],
+    max_concurrency: int,
+    max_launches: int,
+    device_total_bytes: int | None,
+) -> _Step | Stop:
     """The step after `attempts`, given the steps that produced attempts[1:]."""
     if len(attempts) >= max_launches:
         return Stop(f"already launched {len(attempts)} times, the most the worker makes")
@@ -167,12 +191,17 @@ def _plan(attempts: Sequence[Attempt], history: Sequence[_Step], max_concurrency
     if diagnosis.kind == "memory_shortfall":
         if diagnosis.detail in _NOT_FOOTPRINT_FIXABLE:
             return Stop(_NOT_FOOTPRINT_FIXABLE[diagnosis.detail])
-        for name, build in (("seqs", _seqs_step), ("eager", _eager_step)):
-            if name in used:
-                continue
-            step = build(env, prior, max_concurrency)
-            if step is not None:
-                return step
+        if diagnosis.detail in _KV_SIZE_DETAILS:
+            kv = explicit_kv_cache_size(env, cpu=diagnosis.facts.get("device") == "CPU")
+            fixed_by = kv.variable if kv is not None else diagnosis.facts.get("kv_cache_variable")
+            if fixed_by:
+                return Stop(f"the KV cache size is fixed by {fixed_by}; fewer sequences or eager mode cannot make it hold more")
+        seqs = _seqs_step(env, prior, max_concurrency) if "seqs" not in used else None
+        if seqs is not None:
+            return seqs
+        eager = _eager_step(env, prior, device_total_bytes) if "eager" not in used else None
+        if eager is not None:
+            return eager
         return Stop("every memory relaunch step was used or would change nothing")
     return Stop(f"{diagnosis.kind}: a relaunch cannot fix this")
 
@@ -226,7 +255,7 @@ def _seqs_step(env: Mapping[str, str], prior: dict[str, str | None], max_concurr
     )
 
 
-def _eager_step(env: Mapping[str, str], prior: dict[str, str | None], max_concurrency: int) -> _Step | None:
+def _eager_step(env: Mapping[str, str], prior: dict[str, str | None], device_total_bytes: int | None) -> _Step | None:
     extra = _extra_args_flags(env)
     delta: dict[str, str] = {}
     warnings: list[str] = []
@@ -238,14 +267,21 @@ def _eager_step(env: Mapping[str, str], prior: dict[str, str | None], max_concur
                 "ENFORCE_EAGER=false is OVERRIDDEN to true for this relaunch: the configuration does not fit "
                 "in memory with CUDA graphs; replies will be slower"
             )
-    tokens = env_int(env, "MAX_NUM_BATCHED_TOKENS")
-    if (tokens is None or tokens > EAGER_MAX_BATCHED_TOKENS) and "max-num-batched-tokens" not in extra:
-        delta["MAX_NUM_BATCHED_TOKENS"] = str(EAGER_MAX_BATCHED_TOKENS)
+    tokens = env_int(env, "MAX_NUM_BATCHED_TOKENS")  # 0 counts as unset
+    if "max-num-batched-tokens" not in extra:
+        if tokens is not None:
+            cap = tokens > EAGER_MAX_BATCHED_TOKENS
+        else:
+            # Unset, vLLM picks 2048 or 8192 unless the card has 160 GiB or more.
+            cap = device_total_bytes is not None and device_total_bytes >= LARGEST_DEFAULT_BATCH_FROM_BYTES
+        if cap:
+            delta["MAX_NUM_BATCHED_TOKENS"] = str(EAGER_MAX_BATCHED_TOKENS)
     if not delta:
         return None
     changed = " and ".join(f"{name}={value}" for name, value in delta.items())
-    kept = "MAX_NUM_BATCHED_TOKENS" not in delta and tokens is not None
-    note = f" (MAX_NUM_BATCHED_TOKENS={tokens} kept)" if kept else ""
+    note = ""
+    if "MAX_NUM_BATCHED_TOKENS" not in delta:
+        note = f" (MAX_NUM_BATCHED_TOKENS={tokens} kept)" if tokens is not None else " (MAX_NUM_BATCHED_TOKENS left to vLLM's default)"
     return _Step(
         "eager",
         Relaunch(

@@ -21,6 +21,7 @@ the same whether the pre-flight caught it or vLLM crashed on it.
 from __future__ import annotations
 
 import re
+import shlex
 import signal
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
@@ -37,6 +38,8 @@ KINDS: dict[str, str] = {
     "max_model_len_too_large": "MAX_MODEL_LEN is above the model's own limit",
     "bad_arguments": "vLLM rejected its command line or a flag's value",
     "repo_not_found": "the Hub repository does not exist or is invisible to the token",
+    "model_path_missing": "MODEL_NAME is a local path that does not exist in the container (nor a Hub repository id)",
+    "offline_not_cached": "the Hub is switched off (HF_HUB_OFFLINE) and the model is not in the local cache",
     "gated_repo": "the Hub repository is gated and the token has no access",
     "revision_not_found": "the branch, tag or commit does not exist in the repository",
     "unauthorized": "the Hub refused the credentials",
@@ -130,6 +133,49 @@ def unauthorized_message(repo: str, variable: str = "MODEL_NAME", token_set: boo
     )
 
 
+# --- the model's files: a local path, or the Hub switched off (also for preflight) ---
+
+
+def looks_like_path(reference: str) -> bool:
+    """Whether MODEL_NAME reads as a filesystem path rather than an owner/name repository id."""
+    return reference in (".", "..", "~") or reference.startswith(("/", "./", "../", "~/")) or reference.count("/") > 1
+
+
+def model_path_missing_message(path: str, variable: str = "MODEL_NAME") -> str:
+    """A local model path that is not there (vLLM then takes it for a Hub repository id and rejects it)."""
+    return (
+        f"{variable}={path!r} does not exist in this container, so vLLM cannot load the model from it: "
+        f"if the model is on a network volume, attach the volume to the endpoint and point {variable} at "
+        f"the model's directory under its mount point (/runpod-volume on Runpod Serverless); otherwise "
+        f"correct the path, or set {variable} to a Hugging Face repository id such as 'Qwen/Qwen3-0.6B'."
+    )
+
+
+def invalid_model_name_message(value: str, variable: str = "MODEL_NAME") -> str:
+    """Neither a directory in the container nor a well-formed Hub repository id."""
+    return (
+        f"{variable}={value!r} is neither a directory in this container nor a valid Hugging Face repository "
+        f"id (owner/name, with letters, digits, '-', '_' and '.'): correct it."
+    )
+
+
+def offline_not_cached_message(
+    repo: str,
+    variable: str = "MODEL_NAME",
+    offline: str = "HF_HUB_OFFLINE",
+    offline_value: str = "1",
+    revision: str | None = None,
+) -> str:
+    """The Hub is switched off and the repository (at that revision) is not in the local cache."""
+    at = f" at revision {revision!r}" if revision else ""
+    return (
+        f"{variable}={repo!r}{at} is not in this container's Hugging Face cache, and {offline}={offline_value} "
+        f"forbids downloading it: unset {offline} so the worker can download it from the Hub (and check the "
+        f"name: the worker's Hub check is also skipped while offline), or bake the model into the image or "
+        f"mount a volume whose Hugging Face cache (HF_HOME) already holds it."
+    )
+
+
 # --- knobs a memory relaunch can still turn (shared with `recovery`) -----------
 
 
@@ -159,6 +205,88 @@ def env_int(env: Mapping[str, str], name: str) -> int | None:
     except ValueError:
         return None
     return number if number != 0 else None
+
+
+_GIB = 2**30
+_KV_SIZE_FLAGS = ("--kv-cache-memory-bytes", "--kv-cache-memory")
+_CPU_KV_SPACE = "VLLM_CPU_KVCACHE_SPACE"
+
+
+@dataclass(frozen=True)
+class KvCacheSize:
+    """A KV cache size the user fixed: vLLM uses it as is, so no batch, graph or utilization
+    setting changes how many tokens the cache holds.
+
+    variable: KV_CACHE_MEMORY_BYTES, VLLM_EXTRA_ARGS (its --kv-cache-memory-bytes) or, on the CPU
+    engine, VLLM_CPU_KVCACHE_SPACE (GiB; vLLM lets it win over the flag). value: as written;
+    None when only vLLM's log said the size was explicit. size_bytes: None when unreadable.
+    """
+
+    variable: str
+    value: str | None
+    size_bytes: int | None
+
+    @property
+    def setting(self) -> str:
+        if self.value is None:
+            return self.variable
+        if self.variable == _EXTRA_ARGS_NAME:
+            return f"{self.value} in {_EXTRA_ARGS_NAME}"
+        return f"{self.variable}={self.value}"
+
+    @property
+    def raise_fix(self) -> str:
+        if self.variable == _EXTRA_ARGS_NAME:
+            return f"raise the {self.value} in {_EXTRA_ARGS_NAME}"
+        now = f" (now {self.value})" if self.value is not None else ""
+        return f"raise {self.variable}{now}"
+
+
+_EXTRA_ARGS_NAME = "VLLM_EXTRA_ARGS"
+
+
+def _parse_bytes(text: str) -> int | None:
+    from vllm_worker.capacity import parse_human_int
+
+    try:
+        return parse_human_int(text)
+    except ValueError:
+        return None
+
+
+def explicit_kv_cache_size(env: Mapping[str, str], cpu: bool = False) -> KvCacheSize | None:
+    """The KV cache size the launch fixed, if any (the last one vLLM reads wins)."""
+    if cpu:
+        space = env_value(env, _CPU_KV_SPACE)
+        if space is not None:
+            return KvCacheSize(_CPU_KV_SPACE, space, int(space) * _GIB if space.isdigit() else None)
+    extra = env_value(env, _EXTRA_ARGS_NAME)
+    if extra is not None:
+        try:
+            words = shlex.split(extra)
+        except ValueError:
+            words = extra.split()
+        found: tuple[str, str] | None = None
+        for i, word in enumerate(words):
+            flag, eq, value = word.partition("=")
+            if flag.replace("_", "-") in _KV_SIZE_FLAGS:
+                if not eq:
+                    value = words[i + 1] if i + 1 < len(words) else ""
+                found = (flag, value)
+        if found is not None:
+            return KvCacheSize(_EXTRA_ARGS_NAME, f"{found[0]} {found[1]}", _parse_bytes(found[1]))
+    value = env_value(env, "KV_CACHE_MEMORY_BYTES")
+    if value is not None:
+        return KvCacheSize("KV_CACHE_MEMORY_BYTES", value, _parse_bytes(value))
+    return None
+
+
+def size_text(size_bytes: int) -> str:
+    """Bytes for a reader: '256 KiB', '64 MiB', '2.5 GiB'."""
+    for unit, scale in (("GiB", _GIB), ("MiB", 2**20), ("KiB", 2**10)):
+        if size_bytes >= scale:
+            return f"{round(size_bytes / scale, 2):g} {unit}"
+    return f"{size_bytes} bytes"
 
 
 def max_concurrency_of(env: Mapping[str, str]) -> int:
@@ -229,6 +357,19 @@ _RULES: tuple[_Rule, ...] = (
         "repo_not_found",
         r"is not a local folder and is not a valid model identifier|Repository Not Found for url"
         r"|is not a local folder or a valid repository name",
+    ),
+    # a local path that does not exist: vLLM 0.32 hands it to snapshot_download, whose repo-id
+    # check rejects it (huggingface_hub/utils/_validators.py validate_repo_id)
+    _rule(
+        "model_path_missing",
+        r"HFValidationError: (?:Repo id must be in the form 'repo_name' or 'namespace/repo_name'"
+        r"|Repo id must use alphanumeric chars|Cannot have -- or \.\. in repo_id|Repo_id cannot end by '\.git')",
+    ),
+    # HF_HUB_OFFLINE=1 and no cached snapshot (huggingface_hub/_snapshot_download.py, file_download.py)
+    _rule(
+        "offline_not_cached",
+        r"(?:Cannot find an appropriate cached snapshot folder for the specified revision on the local disk"
+        r"|Cannot find the requested files in the disk cache) and outgoing traffic has been disabled",
     ),
     _rule("unauthorized", r"Invalid credentials in Authorization header"),
     _rule("unauthorized", r"401 Client Error|'401 Unauthorized'", weak=True),
@@ -381,9 +522,18 @@ def _gib(value: str) -> str:
     return f"{float(value):g}"
 
 
+# What only the CPU engine prints: its config line, its KV sizing lines (cpu_worker.py:220-258),
+# its KV capacity line and the platform choice (platforms/__init__.py). Not "CPU backend": vLLM's
+# own GPU error texts say "(which also controls CPU memory on the CPU backend)".
+_CPU_ENGINE = (
+    r"(?m)device_config=cpu\b|GiB for KV cache on node \S+|Available memory on node \S+ \("
+    r"|^CPU KV cache size: |Automatically detected platform cpu\."
+)
+
+
 def _device(ctx: _Context) -> str:
     cpu = any(hit.rule.detail and hit.rule.detail.startswith("cpu_") for hit in ctx.hits)
-    return "CPU" if cpu or ctx.search(r"on node \S+ \(") else "GPU"
+    return "CPU" if cpu or ctx.search(_CPU_ENGINE) else "GPU"
 
 
 # --- memory shortfall -------------------------------------------------------------
@@ -417,10 +567,10 @@ def _knob_fixes(ctx: _Context, observed_seqs: int | None = None) -> list[str]:
         fixes.append(f"set MAX_NUM_SEQS={target} (now {seqs}; MAX_CONCURRENCY={max_concurrency} needs no more)")
     if env_bool(ctx.env, "ENFORCE_EAGER") is not True and not _tried_mentions(ctx.tried, "ENFORCE_EAGER"):
         fixes.append("set ENFORCE_EAGER=true (no CUDA graphs: less memory, slower replies)")
+    # Only a value above the cap: unset, vLLM's own default is 2048 on most cards, and 8192 would raise it.
     tokens = env_int(ctx.env, "MAX_NUM_BATCHED_TOKENS")
-    if (tokens is None or tokens > EAGER_MAX_BATCHED_TOKENS) and not _tried_mentions(ctx.tried, "MAX_NUM_BATCHED_TOKENS"):
-        now = f" (now {tokens})" if tokens is not None else ""
-        fixes.append(f"set MAX_NUM_BATCHED_TOKENS={EAGER_MAX_BATCHED_TOKENS}{now}")
+    if tokens is not None and tokens > EAGER_MAX_BATCHED_TOKENS and not _tried_mentions(ctx.tried, "MAX_NUM_BATCHED_TOKENS"):
+        fixes.append(f"lower MAX_NUM_BATCHED_TOKENS to {EAGER_MAX_BATCHED_TOKENS} (now {tokens})")
     return fixes
 
 
@@ -463,15 +613,29 @@ def _context_description(ctx: _Context, model_len: str | None) -> str:
     return "the model's full context (MAX_MODEL_LEN is not set)"
 
 
+def _gib_known(text: str) -> bool:
+    """vLLM rounds GiB to 2 decimals: below 0.005 GiB it prints 0.0, which says nothing."""
+    return float(text) > 0
+
+
 def _memory_shortfall(ctx: _Context) -> Diagnosis:
     details = {hit.rule.detail for hit in ctx.hits}
     detail = next(d for d in _DETAIL_PRIORITY if d in details)
     hit = next(h for h in reversed(ctx.hits) if h.rule.detail == detail)
     device = _device(ctx)
     subject = ctx.subject
-    facts: dict[str, str] = {}
+    facts: dict[str, str] = {"device": device}
     estimate: int | None = None
     fixes: list[str] = []
+    hardware = True
+    variable: str | None = "MODEL_NAME" if ctx.model else None
+    value: str | None = ctx.model
+    kv = explicit_kv_cache_size(ctx.env, cpu=device == "CPU")
+    if kv is None and device == "CPU" and ctx.search(r"Explicitly set \([\d.]+/[\d.]+\) GiB for KV cache"):
+        kv = KvCacheSize(f"KV_CACHE_MEMORY_BYTES or {_CPU_KV_SPACE}", None, None)
+    if kv is not None:
+        facts["kv_cache_variable"] = kv.variable
+    kv_size = f" ({size_text(kv.size_bytes)})" if kv is not None and kv.size_bytes is not None else ""
 
     if detail == "kv_too_small":
         m = ctx.search(
@@ -482,44 +646,79 @@ def _memory_shortfall(ctx: _Context) -> Diagnosis:
         estimate = int(e.group(1)) if e and int(e.group(1)) > 0 else None
         model_len = m.group(1) if m else None
         where = _context_description(ctx, model_len)
+        numbers = m is not None and _gib_known(m.group(2)) and _gib_known(m.group(3))
         if m:
-            facts = {"max_model_len": m.group(1), "needed_gib": m.group(2), "available_gib": m.group(3)}
-            cause = (
-                f"{subject} does not fit in {device} memory at {where}: one full-length sequence needs "
-                f"{_gib(m.group(2))} GiB of KV cache, but only {_gib(m.group(3))} GiB is left after the "
-                f"weights and activations"
+            facts.update(max_model_len=m.group(1), needed_gib=m.group(2), available_gib=m.group(3))
+        if kv is not None:
+            # The size is the user's: memory, batch and graphs do not change it.
+            need = (
+                f"{_gib(m.group(2))} GiB of KV cache, more than the {_gib(m.group(3))} GiB it provides"
+                if m and numbers
+                else "more KV cache than that"
             )
+            cause = (
+                f"{subject} does not fit in the {device} KV cache set by {kv.setting}{kv_size} at {where}: "
+                f"one full-length sequence needs {need}"
+            )
+            fixes.append(f"{kv.raise_fix} until a full-length sequence fits, or unset it so vLLM sizes the KV cache from the free memory")
+            if estimate is not None:
+                fixes.append(f"set MAX_MODEL_LEN <= {estimate}, about what {kv.setting} holds")
+            variable, value, hardware = kv.variable, kv.value, False
         else:
-            cause = f"{subject} does not fit in {device} memory at {where}: the KV cache cannot hold one full-length sequence"
-        if estimate is not None:
-            fixes.append(f"this {device} can serve about {estimate} tokens; set MAX_MODEL_LEN <= {estimate}")
-        elif where.startswith("MAX_MODEL_LEN="):
-            fixes.append(f"lower MAX_MODEL_LEN (now {where.split('=', 1)[1]})")
-        else:
-            fixes.append("set MAX_MODEL_LEN to a shorter context (or MAX_MODEL_LEN=auto to fit what the memory holds)")
-        if device == "GPU":
-            fixes += _knob_fixes(ctx) + _raise_utilization_fix(ctx.env)
+            if m and numbers:
+                need = (
+                    f"{_gib(m.group(2))} GiB of KV cache, but only {_gib(m.group(3))} GiB is left after the "
+                    f"weights and activations"
+                )
+            elif m or estimate is not None:
+                need = "more KV cache than is left after the weights and activations"
+            else:
+                need = ""
+            if need:
+                cause = f"{subject} does not fit in {device} memory at {where}: one full-length sequence needs {need}"
+            else:
+                cause = f"{subject} does not fit in {device} memory at {where}: the KV cache cannot hold one full-length sequence"
+            if estimate is not None:
+                fixes.append(f"this {device} can serve about {estimate} tokens; set MAX_MODEL_LEN <= {estimate}")
+        if estimate is None:
+            if where.startswith("MAX_MODEL_LEN="):
+                fixes.append(f"lower MAX_MODEL_LEN (now {where.split('=', 1)[1]})")
+            else:
+                fixes.append("set MAX_MODEL_LEN to a shorter context (or MAX_MODEL_LEN=auto to fit what the memory holds)")
+        if kv is None:
+            if device == "GPU":
+                fixes += _knob_fixes(ctx)
+            # On the CPU engine the same variable sets the share of the node's memory vLLM reserves.
+            fixes += _raise_utilization_fix(ctx.env)
         fixes += _kv_dtype_fix(ctx.env)
     elif detail in ("no_kv_memory", "auto_fit"):
         how = " (MAX_MODEL_LEN=auto could not fit even one token)" if detail == "auto_fit" else ""
-        cause = (
-            f"{subject} leaves no {device} memory for the KV cache{how}: the weights, activations"
-            f"{' and CUDA graphs' if device == 'GPU' else ''} take the whole memory budget"
-        )
-        if device == "GPU":
-            fixes += _knob_fixes(ctx)
-        fixes += _raise_utilization_fix(ctx.env)
+        if kv is not None:
+            cause = (
+                f"{subject} has no room for its KV cache{how}: the {device} KV cache size set by "
+                f"{kv.setting}{kv_size} is too small to hold even one block"
+            )
+            fixes.append(f"{kv.raise_fix}, or unset it so vLLM sizes the KV cache from the free memory")
+            variable, value, hardware = kv.variable, kv.value, False
+        else:
+            graphs = device == "GPU" and env_bool(ctx.env, "ENFORCE_EAGER") is not True
+            cause = (
+                f"{subject} leaves no {device} memory for the KV cache{how}: the weights, activations"
+                f"{' and CUDA graphs' if graphs else ''} take the whole memory budget"
+            )
+            if device == "GPU":
+                fixes += _knob_fixes(ctx)
+            fixes += _raise_utilization_fix(ctx.env)
     elif detail == "sampler_warmup":
         m = ctx.search(r"warming up (?:sampler|pooler)(?: \(task=[^)]*\))? with (\d+) dummy requests")
         n = m.group(1) if m else str(effective_max_num_seqs(ctx.env, max_concurrency_of(ctx.env)))
-        facts = {"sequences": n}
+        facts["sequences"] = n
         cause = (
             f"{subject} ran out of GPU memory while warming up the sampler for {n} sequences at once "
             f"(the memory left outside the KV cache is too small for that batch)"
         )
         fixes += _knob_fixes(ctx, int(n))
-        current = _utilization(ctx.env)
-        fixes.append(f"lower GPU_MEMORY_UTILIZATION from {current:g} to {max(0.5, round(current - 0.05, 2)):g} to leave more room outside the KV cache")
+        fixes.append(_room_outside_kv_fix(ctx.env, kv))
     elif detail == "weights_load":
         m = ctx.search(r"Tried to allocate ([\d.]+ [KMG]iB)")
         tail = f" (tried to allocate {m.group(1)} more)" if m else ""
@@ -531,7 +730,12 @@ def _memory_shortfall(ctx: _Context) -> Diagnosis:
         want = f"{_gib(m.group(1))} GiB" if m else "the requested size"
         free = f" only {_gib(a.group(1))} GiB is available" if a else " there is not that much free memory"
         cause = f"The KV cache size set for the CPU backend ({want}) does not fit:{free}"
-        fixes.append("lower VLLM_CPU_KVCACHE_SPACE or KV_CACHE_MEMORY_BYTES")
+        if kv is not None and kv.value is not None:
+            name = "--kv-cache-memory-bytes in VLLM_EXTRA_ARGS" if kv.variable == _EXTRA_ARGS_NAME else kv.variable
+            fixes.append(f"lower {name} (now {kv.value})")
+            variable, value = kv.variable, kv.value
+        else:
+            fixes.append("lower VLLM_CPU_KVCACHE_SPACE or KV_CACHE_MEMORY_BYTES")
     elif detail == "cpu_kv_no_room":
         cause = f"{subject} leaves no CPU memory for the KV cache: the weights took the whole memory reservation"
         fixes += _raise_utilization_fix(ctx.env)
@@ -545,17 +749,30 @@ def _memory_shortfall(ctx: _Context) -> Diagnosis:
         tail = f" (tried to allocate {m.group(1)} more)" if m else ""
         cause = f"{subject} ran out of GPU memory while starting{tail}"
         fixes += _knob_fixes(ctx)
-    fixes.append(_hardware_fix(ctx.env, device))
+        if kv is not None:
+            fixes.append(_room_outside_kv_fix(ctx.env, kv))
+    if hardware:
+        fixes.append(_hardware_fix(ctx.env, device))
     return Diagnosis(
         kind="memory_shortfall",
         message=_compose(cause, ctx.tried, fixes),
         evidence=_evidence(hit.line),
         detail=detail,
         estimated_max_len=estimate,
-        variable="MODEL_NAME" if ctx.model else None,
-        value=ctx.model,
+        variable=variable,
+        value=value,
         facts=facts,
     )
+
+
+def _room_outside_kv_fix(env: Mapping[str, str], kv: KvCacheSize | None) -> str:
+    """More room for activations: with a fixed KV size only that size frees it, not the utilization."""
+    if kv is not None:
+        now = f" (now {kv.value})" if kv.value is not None else ""
+        name = "--kv-cache-memory-bytes in VLLM_EXTRA_ARGS" if kv.variable == _EXTRA_ARGS_NAME else kv.variable
+        return f"lower {name}{now} to leave more room outside the KV cache"
+    current = _utilization(env)
+    return f"lower GPU_MEMORY_UTILIZATION from {current:g} to {max(0.5, round(current - 0.05, 2)):g} to leave more room outside the KV cache"
 
 
 # --- memory held / profiling race ---------------------------------------------------
@@ -796,6 +1013,58 @@ def _gated_repo(ctx: _Context) -> Diagnosis:
     )
 
 
+_MODEL_VARIABLES = ("MODEL_NAME", "BAKED_MODEL_PATH", "TOKENIZER_NAME", "TOKENIZER")
+
+
+def _model_variable(ctx: _Context, reference: str) -> str:
+    """Which variable holds `reference` (the model unless it is the tokenizer's or the baked path)."""
+    return next((name for name in _MODEL_VARIABLES if env_value(ctx.env, name) == reference), "MODEL_NAME")
+
+
+def _model_path_missing(ctx: _Context) -> Diagnosis:
+    hit = ctx.hits[-1]
+    m = re.search(r"'([^']*)'\.?(?: Use `repo_type` argument if needed\.)?\s*$", hit.line)
+    reference = m.group(1) if m else ctx.model or "(unknown)"
+    variable = _model_variable(ctx, reference)
+    if looks_like_path(reference):
+        message = model_path_missing_message(reference, variable)
+    else:
+        message = invalid_model_name_message(reference, variable)
+    return Diagnosis(
+        kind="model_path_missing",
+        message=message + _tried_sentence(ctx.tried),
+        evidence=_evidence(hit.line),
+        variable=variable,
+        value=reference,
+    )
+
+
+_OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+
+
+def _offline_not_cached(ctx: _Context) -> Diagnosis:
+    hit = ctx.hits[-1]
+    # huggingface_hub does not name the repository; vLLM's "non-default args" line does.
+    said = ctx.search(r"non-default args: \{.*?'model': '([^']+)'")
+    repo = ctx.model or (said.group(1) if said else None) or "(unknown)"
+    variable = _model_variable(ctx, repo)
+    offline = next((name for name in _OFFLINE_VARIABLES if env_bool(ctx.env, name) is True), None)
+    offline_value = env_value(ctx.env, offline) if offline else None
+    revision = env_value(ctx.env, "MODEL_REVISION") if variable == "MODEL_NAME" else None
+    message = offline_not_cached_message(
+        repo, variable, offline or "HF_HUB_OFFLINE", offline_value or "1", revision=revision
+    )
+    return Diagnosis(
+        kind="offline_not_cached",
+        message=message + _tried_sentence(ctx.tried),
+        evidence=_evidence(hit.line),
+        variable=offline or "HF_HUB_OFFLINE",
+        value=offline_value,
+        repo=repo,
+        revision=revision,
+    )
+
+
 def _unauthorized(ctx: _Context) -> Diagnosis:
     return _hub(
         ctx,
@@ -923,6 +1192,8 @@ _BUILDERS: dict[str, Callable[[_Context], Diagnosis]] = {
     "max_model_len_too_large": _max_model_len,
     "bad_arguments": _bad_arguments,
     "repo_not_found": _repo_not_found,
+    "model_path_missing": _model_path_missing,
+    "offline_not_cached": _offline_not_cached,
     "gated_repo": _gated_repo,
     "revision_not_found": _revision_not_found,
     "unauthorized": _unauthorized,

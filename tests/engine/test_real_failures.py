@@ -237,11 +237,6 @@ def test_kv_cache_too_small_is_launched_as_often_as_the_ladder_says(failing_work
     assert [launch["overrides"] for launch in launches] == ladder(failing.env, shortfall)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="defect: recovery relaunches a KV shortfall with MAX_NUM_BATCHED_TOKENS=8192 although "
-    "KV_CACHE_MEMORY_BYTES fixes the KV cache size, so the relaunch cannot fit more",
-)
 def test_kv_cache_too_small_with_an_explicit_kv_size_is_not_relaunched(failing_workers) -> None:
     failing = failing_workers["kv_too_small"]
     failing.results()
@@ -250,11 +245,6 @@ def test_kv_cache_too_small_with_an_explicit_kv_size_is_not_relaunched(failing_w
     assert failing.vllm_starts() == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="defect: the CPU engine's KV shortfall is described as GPU memory (with GPU knobs), shows "
-    "'0 GiB' figures, and never names KV_CACHE_MEMORY_BYTES, the value that caused it",
-)
 def test_kv_cache_too_small_names_the_cpu_and_the_kv_cache_size_that_caused_it(failing_workers) -> None:
     failing = failing_workers["kv_too_small"]
     sentence = failing.results()[0]["error"]
@@ -308,12 +298,6 @@ def test_no_memory_left_for_the_kv_cache_is_a_memory_shortfall(captures) -> None
     assert (diagnosis.kind, diagnosis.detail) == ("memory_shortfall", "no_kv_memory")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="defect: on the CPU engine with KV_CACHE_MEMORY_BYTES set, 'no memory for the KV cache' is "
-    "described as GPU memory taken by CUDA graphs, with knobs that cannot help (MAX_NUM_BATCHED_TOKENS, "
-    "GPU_MEMORY_UTILIZATION) and without naming KV_CACHE_MEMORY_BYTES",
-)
 @pytest.mark.parametrize("case", ["auto_fit", "no_kv_memory"])
 def test_an_explicit_kv_size_with_no_room_names_it_and_the_cpu(captures, case: str) -> None:
     run = captured(captures, case)
@@ -357,32 +341,22 @@ def test_an_unknown_flag_in_extra_args_is_bad_arguments(captures) -> None:
     assert "VLLM_EXTRA_ARGS" in diagnosis.message
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="defect: vLLM 0.32's HFValidationError for a missing local MODEL_NAME path is not "
-    "recognised, so the worker exits 1 (a crash loop) instead of answering",
-)
 def test_a_missing_local_model_path_is_explained(captures) -> None:
     run = captured(captures, "missing_path")
     assert "Repo id must be in the form 'repo_name' or 'namespace/repo_name': '/nonexistent/path'" in run.output
 
     diagnosis = run.diagnose()
 
-    assert diagnosis is not None and diagnosis.kind == "repo_not_found"
+    assert diagnosis is not None and diagnosis.kind == "model_path_missing"
     assert "MODEL_NAME='/nonexistent/path'" in diagnosis.message
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="defect: huggingface_hub's offline LocalEntryNotFoundError for a repo in no cache is not "
-    "recognised, so the worker exits 1 (a crash loop) instead of answering",
-)
 def test_an_uncached_repo_with_the_hub_offline_is_explained(captures) -> None:
     run = captured(captures, "offline_unknown_repo")
     assert "outgoing traffic has been disabled" in run.output
 
     diagnosis = run.diagnose()
 
-    assert diagnosis is not None and diagnosis.kind == "repo_not_found"
+    assert diagnosis is not None and diagnosis.kind == "offline_not_cached"
     assert "MODEL_NAME='acme/does-not-exist-xyz'" in diagnosis.message
     assert "HF_HUB_OFFLINE" in diagnosis.message

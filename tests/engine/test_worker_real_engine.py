@@ -245,12 +245,6 @@ def test_sigterm_stops_the_worker_and_leaves_no_engine(serving: Serving) -> None
     assert SECRET not in serving.worker.log()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="defect: the runpod SDK forks its heartbeat process after main.run installed its startup "
-    "SIGTERM handler; at exit multiprocessing SIGTERMs that child, which logs 'signal 15 during startup' "
-    "and stops its stale copy of the engine again (a second killpg of a group id that may be reused)",
-)
 def test_a_sigterm_while_serving_is_handled_once_by_the_serving_worker(serving: Serving) -> None:
     """Reads the log of the worker the SIGTERM test stopped (or stops it, when run alone)."""
     if serving.worker.returncode is None:

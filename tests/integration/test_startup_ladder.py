@@ -278,7 +278,9 @@ def test_the_relaunch_is_logged_with_its_reason(step1: Step1) -> None:
 
 def test_an_explicit_enforce_eager_false_is_overridden_at_step_2_loudly(cp: ControlPlane, tmp_path: Path) -> None:
     launches = [{"text": "TORCH_OOM"}, {"text": "CUDA_ERROR_OOM"}, {"serve": True}]
-    env = {"MAX_CONCURRENCY": "30", "MAX_NUM_SEQS": "256", "ENFORCE_EAGER": "false"}
+    # A batch budget above the cap is lowered to it at step 2 (an unset one is left to vLLM:
+    # tests/integration/test_worker_process.py).
+    env = {"MAX_CONCURRENCY": "30", "MAX_NUM_SEQS": "256", "ENFORCE_EAGER": "false", "MAX_NUM_BATCHED_TOKENS": "16384"}
     (result, status), engine, worker = run_to_answers(cp, tmp_path, launches, [CHAT, STATUS], **env)
 
     first, second, third = engine.argvs()
@@ -287,7 +289,7 @@ def test_an_explicit_enforce_eager_false_is_overridden_at_step_2_loudly(cp: Cont
     assert changed(second, third) == {
         "--no-enforce-eager": ("", None),
         "--enforce-eager": (None, ""),
-        "--max-num-batched-tokens": (None, EAGER_TOKENS),
+        "--max-num-batched-tokens": ("16384", EAGER_TOKENS),
     }
     # Loud: a WARNING line of its own that names the variable and the value the user set.
     warnings = [line for line in worker.log().splitlines() if "WARNING" in line and "ENFORCE_EAGER=false" in line]

@@ -330,9 +330,11 @@ def test_out_of_memory_at_startup_relaunches_smaller_until_it_fits(cp: ControlPl
     assert (flag(first, "--max-num-seqs"), flag(first, "--enforce-eager")) == ("256", None)
     # Step 1: fewer sequences, CUDA graphs kept.
     assert (flag(second, "--max-num-seqs"), flag(second, "--enforce-eager")) == (seqs, None)
-    # Step 2: eager mode and a batched-token cap, on top of step 1.
+    # Step 2: eager mode, on top of step 1. MAX_NUM_BATCHED_TOKENS is unset and stays so: vLLM's
+    # default is below the 8192 cap on every card under 160 GiB (and this machine has no GPU to
+    # say otherwise); a larger value set by the user is capped (tests/integration/test_startup_ladder.py).
     assert (flag(third, "--max-num-seqs"), flag(third, "--enforce-eager")) == (seqs, "")
-    assert flag(third, "--max-num-batched-tokens") == str(startup_errors.EAGER_MAX_BATCHED_TOKENS)
+    assert flag(third, "--max-num-batched-tokens") is None
 
 
 def test_memory_held_by_another_process_is_retried_once_then_explained(cp: ControlPlane, tmp_path: Path) -> None:

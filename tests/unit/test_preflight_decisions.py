@@ -8,6 +8,7 @@ tests the mapping the worker actually sees, without any network.
 from __future__ import annotations
 
 import ssl
+from pathlib import Path
 
 import httpx2
 import pytest
@@ -237,3 +238,28 @@ def test_messages_are_the_shared_sentences_naming_the_variable() -> None:
 def test_a_missing_revision_nobody_asked_for_has_no_message() -> None:
     assert failure_message(REVISION_NOT_FOUND, Target("org/m", None), False) is None
     assert failure_message("server_error", Target("org/m", None), False) is None
+
+
+# --- a model given as a path that is not there -----------------------------------------------
+
+
+def test_missing_local_path_is_answered_with_the_post_crash_sentence() -> None:
+    from vllm_worker import preflight
+
+    # What the real CPU engine printed for this path (tests/support/real_texts/README.md).
+    real = (Path(__file__).parents[1] / "support" / "real_texts" / "missing_local_path.txt").read_text()
+    env = {"MODEL_NAME": "/nonexistent/path", "HF_HUB_OFFLINE": "1"}
+    result = preflight.run(env)
+    after_crash = startup_errors.diagnose(real, env["MODEL_NAME"], env=env)
+    assert (result.ok, result.kind) == (False, "model_path_missing")
+    assert after_crash is not None and after_crash.kind == "model_path_missing"
+    assert result.message == after_crash.message
+
+
+def test_existing_local_path_and_hub_ids_are_not_missing(tmp_path: Path) -> None:
+    from vllm_worker import preflight
+
+    assert preflight.missing_local_path({"MODEL_NAME": str(tmp_path)}) is None
+    assert preflight.missing_local_path({"MODEL_NAME": "org/model"}) is None
+    assert preflight.missing_local_path({"BAKED_MODEL_PATH": str(tmp_path), "MODEL_NAME": "/nope"}) is None
+    assert preflight.missing_local_path({"BAKED_MODEL_PATH": "/no/such/dir"}) == ("BAKED_MODEL_PATH", "/no/such/dir")

@@ -8,6 +8,7 @@ again. The launches' failures are scripted; the ladder itself is the real one.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Mapping, Sequence
 
 import pytest
@@ -78,12 +79,61 @@ def test_step_one_uses_the_smallest_multiple_of_8_at_or_above_concurrency() -> N
     assert isinstance(step, Relaunch) and step.overrides == {"MAX_NUM_SEQS": "48"}
 
 
-def test_second_oom_goes_eager_with_at_most_8192_batched_tokens() -> None:
-    run = launch_until_stop({**BASE, "MAX_NUM_SEQS": "256"}, [OOM, OOM])
+def test_second_oom_goes_eager_and_caps_a_larger_batched_tokens_value_at_8192() -> None:
+    run = launch_until_stop({**BASE, "MAX_NUM_SEQS": "256", "MAX_NUM_BATCHED_TOKENS": "16384"}, [OOM, OOM])
     assert [r.profile for r in run.relaunches] == ["max_num_seqs=32", "eager"]
     eager = run.relaunches[1]
     assert eager.overrides == {"MAX_NUM_SEQS": "32", "ENFORCE_EAGER": "true", "MAX_NUM_BATCHED_TOKENS": "8192"}
     assert eager.tried_phrase == "relaunched with ENFORCE_EAGER=true and MAX_NUM_BATCHED_TOKENS=8192"
+
+
+def test_second_oom_goes_eager_and_leaves_unset_batched_tokens_to_vllm() -> None:
+    # Unset, vLLM's default is 2048 on most cards: setting 8192 would raise the activation memory.
+    run = launch_until_stop({**BASE, "MAX_NUM_SEQS": "256"}, [OOM, OOM])
+    assert [r.profile for r in run.relaunches] == ["max_num_seqs=32", "eager"]
+    eager = run.relaunches[1]
+    assert eager.overrides == {"MAX_NUM_SEQS": "32", "ENFORCE_EAGER": "true"}
+    assert eager.tried_phrase == "relaunched with ENFORCE_EAGER=true"
+    assert "MAX_NUM_BATCHED_TOKENS left to vLLM's default" in eager.reason
+
+
+GiB = 2**30
+
+
+@pytest.mark.parametrize(
+    "device_total_bytes,capped",
+    [
+        (None, False),  # unknown card: leave vLLM's default alone
+        (24 * GiB, False),  # default 2048
+        (80 * GiB, False),  # default 8192 (2048 on an A100)
+        (int(159.9 * GiB), False),
+        (160 * GiB, True),  # default 16384
+        (192 * GiB, True),
+    ],
+)
+def test_unset_batched_tokens_are_capped_only_where_vllms_default_is_larger(
+    device_total_bytes: int | None, capped: bool
+) -> None:
+    diagnosis = diagnose(OOM, MODEL, env=BASE)
+    step = next_launch(BASE, [Attempt(env=BASE, diagnosis=diagnosis)], 30, device_total_bytes=device_total_bytes)
+    assert isinstance(step, Relaunch) and step.profile == "eager"
+    assert ("MAX_NUM_BATCHED_TOKENS" in step.overrides) is capped
+    if capped:
+        assert step.overrides["MAX_NUM_BATCHED_TOKENS"] == "8192"
+        assert step.tried_phrase == "relaunched with ENFORCE_EAGER=true and MAX_NUM_BATCHED_TOKENS=8192"
+
+
+def test_the_device_size_is_used_when_the_ladder_replays_earlier_steps() -> None:
+    env = {**BASE, "MAX_NUM_SEQS": "256"}
+    big = 180 * GiB
+    first = diagnose(OOM, MODEL, env=env)
+    step1 = next_launch(env, [Attempt(env=env, diagnosis=first)], 30, device_total_bytes=big)
+    assert isinstance(step1, Relaunch) and step1.profile == "max_num_seqs=32"
+    env2 = {**env, **{k: v for k, v in step1.overrides.items() if v is not None}}
+    attempts = [Attempt(env=env, diagnosis=first), Attempt(env=env2, diagnosis=diagnose(OOM, MODEL, env=env2))]
+    step2 = next_launch(env, attempts, 30, device_total_bytes=big)
+    assert isinstance(step2, Relaunch)
+    assert step2.overrides == {"MAX_NUM_SEQS": "32", "ENFORCE_EAGER": "true", "MAX_NUM_BATCHED_TOKENS": "8192"}
 
 
 def test_never_a_fourth_launch() -> None:
@@ -128,15 +178,19 @@ def test_a_tighter_batched_tokens_value_is_kept() -> None:
     assert step.tried_phrase == "relaunched with ENFORCE_EAGER=true"
 
 
-@pytest.mark.parametrize("value,expected", [("0", "8192"), ("16384", "8192"), ("8193", "8192")])
-def test_looser_or_zero_batched_tokens_are_capped(value: str, expected: str) -> None:
+@pytest.mark.parametrize("value,expected", [("0", None), ("", None), ("16384", "8192"), ("8193", "8192"), ("8192", None)])
+def test_only_a_batched_tokens_value_above_8192_is_capped(value: str, expected: str | None) -> None:
+    # 0 means unset: vLLM's default then, like an unset variable.
     step = one({**BASE, "MAX_NUM_BATCHED_TOKENS": value}, OOM)
-    assert isinstance(step, Relaunch) and step.overrides["MAX_NUM_BATCHED_TOKENS"] == expected
+    assert isinstance(step, Relaunch) and step.overrides.get("MAX_NUM_BATCHED_TOKENS") == expected
 
 
-def test_a_step_whose_knobs_are_all_there_is_skipped() -> None:
-    # Step 1 applies; step 2 would change nothing (eager already on, budget already tight).
-    env = {**BASE, "MAX_NUM_SEQS": "256", "ENFORCE_EAGER": "true", "MAX_NUM_BATCHED_TOKENS": "8192"}
+@pytest.mark.parametrize("tokens", ["8192", None])
+def test_a_step_whose_knobs_are_all_there_is_skipped(tokens: str | None) -> None:
+    # Step 1 applies; step 2 would change nothing (eager already on, batch budget tight or vLLM's default).
+    env = {**BASE, "MAX_NUM_SEQS": "256", "ENFORCE_EAGER": "true"}
+    if tokens is not None:
+        env["MAX_NUM_BATCHED_TOKENS"] = tokens
     run = launch_until_stop(env, [OOM, OOM])
     assert [r.profile for r in run.relaunches] == ["max_num_seqs=32"]
     assert run.stop is not None and len(run.envs) == 2
@@ -173,14 +227,68 @@ def test_final_message_says_what_ran_and_omits_applied_knobs() -> None:
     run = launch_until_stop(env, [OOM, OOM, OOM])
     assert run.tried == [
         "relaunched with MAX_NUM_SEQS=32",
-        "relaunched with ENFORCE_EAGER=true and MAX_NUM_BATCHED_TOKENS=8192",
+        "relaunched with ENFORCE_EAGER=true",
     ]
     final_env = run.envs[-1]
     message = classify(OOM, MODEL, env=final_env, tried=run.tried)
     assert message is not None
-    assert "Already tried: relaunched with MAX_NUM_SEQS=32; relaunched with ENFORCE_EAGER=true" in message
+    assert "Already tried: relaunched with MAX_NUM_SEQS=32; relaunched with ENFORCE_EAGER=true." in message
     assert "set ENFORCE_EAGER" not in message and "set MAX_NUM_SEQS" not in message
+    assert "MAX_NUM_BATCHED_TOKENS" not in message
     assert "set MAX_MODEL_LEN <= 77392" in message
+
+
+# --- a KV cache size the user fixed ------------------------------------------------------
+
+REAL = Path(__file__).resolve().parents[1] / "support" / "real_texts"
+TINY = ".cache/tiny-llama"
+
+
+def real(name: str) -> str:
+    return (REAL / f"{name}.txt").read_text()
+
+
+@pytest.mark.parametrize(
+    "case,env",
+    [
+        ("kv_too_small", {"MAX_MODEL_LEN": "512", "KV_CACHE_MEMORY_BYTES": "262144"}),
+        ("no_kv_memory", {"MAX_MODEL_LEN": "512", "KV_CACHE_MEMORY_BYTES": "131072"}),
+        ("auto_fit", {"MAX_MODEL_LEN": "auto", "KV_CACHE_MEMORY_BYTES": "131072"}),
+    ],
+)
+def test_a_real_cpu_kv_shortfall_with_a_fixed_kv_size_is_launched_once(case: str, env: dict[str, str]) -> None:
+    # MAX_NUM_SEQS=256 and ENFORCE_EAGER unset: both memory steps would have something to change.
+    base = {"MODEL_NAME": TINY, "MAX_NUM_SEQS": "256", "MAX_NUM_BATCHED_TOKENS": "16384", **env}
+    run = launch_until_stop(base, [real(case)] * 3)
+    assert run.relaunches == [] and len(run.envs) == 1
+    assert run.stop is not None and "KV_CACHE_MEMORY_BYTES" in run.stop.reason
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"KV_CACHE_MEMORY_BYTES": "8G"},
+        {"VLLM_EXTRA_ARGS": "--kv-cache-memory-bytes=8589934592"},
+        {"VLLM_EXTRA_ARGS": "--kv-cache-memory 8G --max-num-seqs 256"},
+    ],
+)
+@pytest.mark.parametrize("text", [OOM, t.NO_CACHE_BLOCKS, t.CANNOT_AUTO_FIT])
+def test_a_gpu_kv_shortfall_with_a_fixed_kv_size_is_not_relaunched(env: dict[str, str], text: str) -> None:
+    assert isinstance(one({**BASE, "MAX_NUM_SEQS": "256", **env}, text), Stop)
+
+
+def test_the_cpu_kv_space_variable_fixes_the_size_only_on_the_cpu_engine() -> None:
+    env = {"MODEL_NAME": TINY, "MAX_MODEL_LEN": "512", "MAX_NUM_SEQS": "256", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    assert isinstance(one(env, real("kv_too_small")), Stop)
+    # On a GPU vLLM ignores it: the ladder runs.
+    assert isinstance(one({**BASE, "MAX_NUM_SEQS": "256", "VLLM_CPU_KVCACHE_SPACE": "1"}, OOM), Relaunch)
+
+
+@pytest.mark.parametrize("text", [OOM_GRAPHS, t.SAMPLER_WARMUP_OOM])
+def test_activation_shortfalls_still_relaunch_with_a_fixed_kv_size(text: str) -> None:
+    # Fewer sequences and no graphs free memory outside the KV cache, whatever its size.
+    step = one({**BASE, "MAX_NUM_SEQS": "256", "KV_CACHE_MEMORY_BYTES": "8G"}, text)
+    assert isinstance(step, Relaunch) and step.overrides == {"MAX_NUM_SEQS": "32"}
 
 
 # --- revision ---------------------------------------------------------------------------
@@ -270,3 +378,13 @@ def test_causes_a_relaunch_cannot_fix_stop(text: str) -> None:
 def test_next_launch_needs_an_attempt() -> None:
     with pytest.raises(ValueError):
         next_launch(BASE, [], 30)
+
+
+@pytest.mark.parametrize(
+    "case,model", [("missing_local_path", "/nonexistent/path"), ("offline_uncached_repo", "acme/does-not-exist-xyz")]
+)
+def test_a_missing_model_is_never_relaunched(case: str, model: str) -> None:
+    env = {"MODEL_NAME": model, "HF_HUB_OFFLINE": "1", "MAX_NUM_SEQS": "256"}
+    run = launch_until_stop(env, [real(case)] * 3)
+    assert run.relaunches == [] and run.stop is not None
+    assert run.stop.reason.startswith(("model_path_missing", "offline_not_cached"))

@@ -8,6 +8,9 @@ really has: INFO lines of a start that got far, the root cause printed twice, an
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 
 from tests.support import vllm_texts as t
@@ -168,8 +171,11 @@ def test_fresh_failure_lists_every_knob_that_is_still_loose() -> None:
     assert message is not None
     assert "set MAX_NUM_SEQS=32" in message
     assert "set ENFORCE_EAGER=true" in message
-    assert "set MAX_NUM_BATCHED_TOKENS=8192" in message
+    # Unset, vLLM's default (2048 on most cards) is already below the 8192 cap.
+    assert "MAX_NUM_BATCHED_TOKENS" not in message
     assert "Already tried" not in message
+    looser = classify(t.KV_TOO_SMALL_WITH_ESTIMATE, MODEL, env={**env, "MAX_NUM_BATCHED_TOKENS": "16384"})
+    assert looser is not None and "lower MAX_NUM_BATCHED_TOKENS to 8192 (now 16384)" in looser
 
 
 def test_message_after_both_relaunches_says_what_ran_and_lists_only_what_remains() -> None:
@@ -203,15 +209,18 @@ def test_a_knob_named_in_tried_is_not_suggested_even_if_env_lacks_it() -> None:
     [
         ({"MAX_NUM_BATCHED_TOKENS": "4096"}, False),  # the user's tighter value is kept
         ({"MAX_NUM_BATCHED_TOKENS": "8192"}, False),
-        ({"MAX_NUM_BATCHED_TOKENS": "0"}, True),  # 0 means unset
+        ({"MAX_NUM_BATCHED_TOKENS": "0"}, False),  # 0 means unset: vLLM's default, at most 8192 on most cards
         ({"MAX_NUM_BATCHED_TOKENS": "16384"}, True),
-        ({}, True),
+        ({}, False),
     ],
 )
-def test_batched_tokens_suggested_only_when_looser_than_8192(env: dict[str, str], expected: bool) -> None:
+def test_batched_tokens_suggested_only_when_above_8192(env: dict[str, str], expected: bool) -> None:
     message = classify(t.NO_CACHE_BLOCKS, MODEL, env=env)
     assert message is not None
-    assert ("set MAX_NUM_BATCHED_TOKENS=8192" in message) is expected
+    assert ("MAX_NUM_BATCHED_TOKENS" in message) is expected
+    assert "set MAX_NUM_BATCHED_TOKENS=8192" not in message
+    if expected:
+        assert "lower MAX_NUM_BATCHED_TOKENS to 8192 (now 16384)" in message
 
 
 @pytest.mark.parametrize(
@@ -484,3 +493,209 @@ def test_values_of_ordinary_variables_are_not_mistaken_for_secrets() -> None:
     env = {"MAX_NUM_BATCHED_TOKENS": "16384", "TOKENIZER_NAME": "acme/tok"}
     message = classify(t.NO_CACHE_BLOCKS, MODEL, env=env)
     assert message is not None and "(now 16384)" in message
+
+
+# --- real vLLM 0.32 CPU-engine output (tests/support/real_texts) ---------------------------
+
+REAL = Path(__file__).resolve().parents[1] / "support" / "real_texts"
+TINY = ".cache/tiny-llama"
+# The worker configuration each capture ran with (tests/support/real_texts/README.md).
+REAL_ENV = {"MODEL_NAME": TINY, "ENFORCE_EAGER": "true", "DTYPE": "bfloat16", "HF_HUB_OFFLINE": "1"}
+
+
+def real(name: str) -> str:
+    return (REAL / f"{name}.txt").read_text()
+
+
+@pytest.mark.parametrize(
+    "case,kv,length",
+    [("kv_too_small", "262144", "512"), ("no_kv_memory", "131072", "512"), ("auto_fit", "131072", "auto")],
+)
+def test_a_real_cpu_kv_shortfall_with_a_fixed_kv_size_names_the_cpu_and_that_size(case: str, kv: str, length: str) -> None:
+    env = {**REAL_ENV, "KV_CACHE_MEMORY_BYTES": kv, "MAX_MODEL_LEN": length, "MAX_NUM_SEQS": "256", "MAX_NUM_BATCHED_TOKENS": "16384"}
+    diagnosis = diagnose(real(case), env=env)
+
+    assert diagnosis is not None and (diagnosis.kind, diagnosis.detail) == ("memory_shortfall", case)
+    assert diagnosis.facts["device"] == "CPU"
+    assert (diagnosis.variable, diagnosis.value) == ("KV_CACHE_MEMORY_BYTES", kv)
+    message = diagnosis.message
+    assert "CPU" in message and "GPU" not in message and "CUDA" not in message
+    assert f"KV_CACHE_MEMORY_BYTES={kv} ({int(kv) // 1024} KiB)" in message
+    assert f"raise KV_CACHE_MEMORY_BYTES (now {kv})" in message
+    # vLLM printed "0.0 GiB" for both figures: they say nothing and are not repeated.
+    assert "0.0 GiB" in real(case) or case != "kv_too_small"
+    assert " 0 GiB" not in message and "0.0 GiB" not in message
+    # A fixed KV size: batch, graphs and utilization cannot change how much it holds.
+    for knob in ("MAX_NUM_SEQS", "ENFORCE_EAGER", "MAX_NUM_BATCHED_TOKENS", "GPU_MEMORY_UTILIZATION"):
+        assert knob not in message
+
+
+def test_a_real_cpu_kv_too_small_gives_the_length_that_fits_its_kv_size() -> None:
+    env = {**REAL_ENV, "KV_CACHE_MEMORY_BYTES": "262144", "MAX_MODEL_LEN": "512"}
+    diagnosis = diagnose(real("kv_too_small"), env=env)
+    assert diagnosis is not None and diagnosis.estimated_max_len == 128
+    assert diagnosis.message.startswith(f"MODEL_NAME={TINY!r} does not fit in the CPU KV cache set by KV_CACHE_MEMORY_BYTES=262144")
+    assert "at MAX_MODEL_LEN=512: one full-length sequence needs more KV cache than that" in diagnosis.message
+    assert "set MAX_MODEL_LEN <= 128, about what KV_CACHE_MEMORY_BYTES=262144 holds" in diagnosis.message
+
+
+def test_the_cpu_engine_is_recognised_from_its_output_alone() -> None:
+    # No env at all: vLLM's own lines (device_config=cpu, "GiB for KV cache on node 0") tell.
+    for case in ("kv_too_small", "no_kv_memory", "auto_fit"):
+        diagnosis = diagnose(real(case))
+        assert diagnosis is not None and diagnosis.facts["device"] == "CPU", case
+        assert "GPU" not in diagnosis.message, case
+        assert "KV_CACHE_MEMORY_BYTES or VLLM_CPU_KVCACHE_SPACE" in diagnosis.message
+
+
+@pytest.mark.parametrize("name", [*MEMORY_SHORTFALL])
+def test_gpu_texts_are_never_taken_for_the_cpu_engine(name: str) -> None:
+    diagnosis = diagnose(getattr(t, name), MODEL)
+    assert diagnosis is not None
+    assert diagnosis.facts["device"] == ("CPU" if name.startswith("CPU_") else "GPU")
+
+
+def test_a_real_cpu_reservation_too_small_points_at_the_utilization() -> None:
+    env = {**REAL_ENV, "MAX_MODEL_LEN": "512", "GPU_MEMORY_UTILIZATION": "0.01"}
+    diagnosis = diagnose(real("cpu_kv_no_room"), env=env)
+    assert diagnosis is not None and diagnosis.detail == "cpu_kv_no_room"
+    assert "raise GPU_MEMORY_UTILIZATION from 0.01 to 0.95" in diagnosis.message
+
+
+def test_the_cpu_kv_space_variable_is_named_when_it_set_the_size() -> None:
+    env = {**REAL_ENV, "MAX_MODEL_LEN": "512", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    message = classify(real("kv_too_small"), env=env)
+    assert message is not None and "VLLM_CPU_KVCACHE_SPACE=1 (1 GiB)" in message
+    assert "raise VLLM_CPU_KVCACHE_SPACE (now 1)" in message
+
+
+def test_a_gpu_kv_shortfall_with_a_fixed_kv_size_names_it_with_vllms_figures() -> None:
+    env = {"MODEL_NAME": MODEL, "KV_CACHE_MEMORY_BYTES": "8G", "MAX_NUM_SEQS": "256"}
+    diagnosis = diagnose(t.KV_TOO_SMALL_WITH_ESTIMATE, MODEL, env=env)
+    assert diagnosis is not None and diagnosis.facts["device"] == "GPU"
+    message = diagnosis.message
+    assert "does not fit in the GPU KV cache set by KV_CACHE_MEMORY_BYTES=8G (8 GiB)" in message
+    assert "set MAX_MODEL_LEN <= 77392, about what KV_CACHE_MEMORY_BYTES=8G holds" in message
+    assert "raise KV_CACHE_MEMORY_BYTES (now 8G)" in message
+    for knob in ("MAX_NUM_SEQS", "ENFORCE_EAGER", "MAX_NUM_BATCHED_TOKENS", "GPU_MEMORY_UTILIZATION"):
+        assert knob not in message
+
+
+def test_a_kv_size_in_extra_args_is_named_there() -> None:
+    env = {"MODEL_NAME": MODEL, "VLLM_EXTRA_ARGS": "--kv-cache-memory-bytes=8G --max-num-seqs 16"}
+    diagnosis = diagnose(t.NO_CACHE_BLOCKS, MODEL, env=env)
+    assert diagnosis is not None and diagnosis.variable == "VLLM_EXTRA_ARGS"
+    assert "--kv-cache-memory-bytes 8G in VLLM_EXTRA_ARGS" in diagnosis.message
+    assert "GPU_MEMORY_UTILIZATION" not in diagnosis.message
+
+
+def test_room_outside_a_fixed_kv_cache_comes_from_a_smaller_kv_size_not_the_utilization() -> None:
+    message = classify(t.SAMPLER_WARMUP_OOM, MODEL, env={"KV_CACHE_MEMORY_BYTES": "20G"})
+    assert message is not None
+    assert "lower KV_CACHE_MEMORY_BYTES (now 20G) to leave more room outside the KV cache" in message
+    assert "GPU_MEMORY_UTILIZATION" not in message
+
+
+def test_gib_figures_that_vllm_rounded_to_zero_are_not_quoted() -> None:
+    text = t.KV_TOO_SMALL_WITH_ESTIMATE
+    found = re.search(r"\(([\d.]+) GiB KV cache is needed, which is larger than the available KV cache memory \(([\d.]+) GiB\)", text)
+    assert found is not None
+    tiny = text.replace(f"({found.group(1)} GiB KV", "(0.0 GiB KV").replace(f"memory ({found.group(2)} GiB)", "memory (0.0 GiB)")
+    diagnosis = diagnose(tiny, MODEL, env={"MAX_MODEL_LEN": "131072"})
+    assert diagnosis is not None
+    assert "0 GiB" not in diagnosis.message
+    assert "one full-length sequence needs more KV cache than is left after the weights and activations" in diagnosis.message
+    assert "this GPU can serve about 77392 tokens" in diagnosis.message
+
+
+def test_cuda_graphs_are_not_blamed_when_eager_mode_is_on() -> None:
+    assert "CUDA graphs" in (classify(t.NO_CACHE_BLOCKS, MODEL, env={}) or "")
+    assert "CUDA graphs" not in (classify(t.NO_CACHE_BLOCKS, MODEL, env={"ENFORCE_EAGER": "true"}) or "x CUDA graphs")
+
+
+# --- model files: a missing local path, an uncached repo with the Hub off -------------------
+
+
+def test_a_real_missing_local_path_is_explained() -> None:
+    env = {**REAL_ENV, "MODEL_NAME": "/nonexistent/path"}
+    diagnosis = diagnose(real("missing_local_path"), env=env, exit_code=1)
+    assert diagnosis is not None and diagnosis.kind == "model_path_missing"
+    assert (diagnosis.variable, diagnosis.value) == ("MODEL_NAME", "/nonexistent/path")
+    assert diagnosis.message == startup_errors.model_path_missing_message("/nonexistent/path")
+    assert "MODEL_NAME='/nonexistent/path' does not exist in this container" in diagnosis.message
+    assert "network volume" in diagnosis.message and "repository id" in diagnosis.message
+    # The path comes from vLLM's words when the caller does not know it.
+    assert (diagnose(real("missing_local_path")) or pytest.fail()).value == "/nonexistent/path"
+
+
+def _hf_validation_text(reference: str) -> str:
+    """huggingface_hub's own words for a reference it cannot take for a repo id, as vLLM's traceback ends."""
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        validate_repo_id(reference)
+    except HFValidationError as error:
+        return f"huggingface_hub.errors.HFValidationError: {error}"
+    raise AssertionError(f"{reference!r} is a valid repo id")
+
+
+@pytest.mark.parametrize("path", ["/models", "/runpod-volume/models/llama", "./model", "models/acme/llama", "../x"])
+def test_every_validator_wording_for_a_path_is_a_missing_path(path: str) -> None:
+    diagnosis = diagnose(_hf_validation_text(path), env={"MODEL_NAME": path})
+    assert diagnosis is not None and diagnosis.kind == "model_path_missing"
+    assert diagnosis.message == startup_errors.model_path_missing_message(path)
+
+
+def test_a_malformed_repo_id_is_not_called_a_path() -> None:
+    diagnosis = diagnose(_hf_validation_text("acme/My Model"), env={"MODEL_NAME": "acme/My Model"})
+    assert diagnosis is not None and diagnosis.kind == "model_path_missing"
+    assert diagnosis.message == startup_errors.invalid_model_name_message("acme/My Model")
+
+
+def test_a_missing_tokenizer_path_names_its_own_variable() -> None:
+    env = {"MODEL_NAME": "acme/m", "TOKENIZER_NAME": "/tok/missing"}
+    diagnosis = diagnose(_hf_validation_text("/tok/missing"), env=env)
+    assert diagnosis is not None and diagnosis.variable == "TOKENIZER_NAME"
+    assert "TOKENIZER_NAME='/tok/missing'" in diagnosis.message
+
+
+def test_a_real_uncached_repo_with_the_hub_offline_is_explained() -> None:
+    env = {**REAL_ENV, "MODEL_NAME": "acme/does-not-exist-xyz"}
+    diagnosis = diagnose(real("offline_uncached_repo"), env=env, exit_code=1)
+    assert diagnosis is not None and diagnosis.kind == "offline_not_cached"
+    assert diagnosis.repo == "acme/does-not-exist-xyz"
+    assert diagnosis.message == startup_errors.offline_not_cached_message("acme/does-not-exist-xyz")
+    assert "MODEL_NAME='acme/does-not-exist-xyz'" in diagnosis.message
+    assert "unset HF_HUB_OFFLINE" in diagnosis.message and "bake the model" in diagnosis.message
+    # huggingface_hub does not name the repository: vLLM's argument line does.
+    assert (diagnose(real("offline_uncached_repo")) or pytest.fail()).repo == "acme/does-not-exist-xyz"
+
+
+def test_the_offline_variable_that_is_set_is_the_one_named(tmp_path: Path) -> None:
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    # huggingface_hub's own error for a repo in no cache with downloads off (no network involved).
+    with pytest.raises(LocalEntryNotFoundError) as caught:
+        snapshot_download("acme/absent", local_files_only=True, cache_dir=tmp_path)
+    text = f"huggingface_hub.errors.LocalEntryNotFoundError: {caught.value}"
+    env = {"MODEL_NAME": "acme/absent", "TRANSFORMERS_OFFLINE": "1", "MODEL_REVISION": "v2"}
+    diagnosis = diagnose(text, env=env)
+    assert diagnosis is not None and diagnosis.kind == "offline_not_cached"
+    assert "TRANSFORMERS_OFFLINE=1 forbids downloading it" in diagnosis.message
+    assert "MODEL_NAME='acme/absent' at revision 'v2'" in diagnosis.message
+
+
+@pytest.mark.parametrize("case", ["missing_local_path", "offline_uncached_repo", "kv_too_small", "no_kv_memory", "auto_fit"])
+def test_real_texts_are_documented_kinds_and_never_leak_the_token(case: str) -> None:
+    env = {**REAL_ENV, "HF_TOKEN": TOKEN}
+    diagnosis = diagnose(real(case) + f"\nusing token {TOKEN}", env=env)
+    assert diagnosis is not None and diagnosis.kind in KINDS
+    assert TOKEN not in diagnosis.message and TOKEN not in diagnosis.evidence
+
+
+def test_every_kind_has_its_entry_in_the_troubleshooting_guide() -> None:
+    guide = (Path(__file__).resolve().parents[2] / "docs" / "troubleshooting.md").read_text()
+    for kind in [*KINDS, *startup_errors.RUNTIME_KINDS]:
+        assert f"(`{kind}`)" in guide, kind
