@@ -203,6 +203,11 @@ def test_the_status_job_reports_one_launch_as_configured_and_the_engines_capacit
         status["capacity"] or "",
     ), status["capacity"]
     assert "65,536 tokens" in status["capacity"]
+    # The capacity plan made before the launch, from config.json and the safetensors headers,
+    # against what the engine reported once ready.
+    plan = status["capacity_plan"]
+    assert plan["kv_cache_tokens"] == 65536
+    assert plan["predicted_kv_cache_tokens"] == plan["kv_cache_tokens"]
 
 
 def test_ten_jobs_at_once_are_all_answered(serving: Serving) -> None:

@@ -242,24 +242,41 @@ def test_refused_connection_is_a_warning() -> None:
 @pytest.mark.parametrize(
     "extra",
     [
-        {"BAKED_MODEL_PATH": "/models/baked"},
+        {"BAKED_MODEL_PATH": "{tmp}/models/baked"},
         {"HF_HUB_OFFLINE": "1"},
         {"TRANSFORMERS_OFFLINE": "1"},
         {"VLLM_USE_MODELSCOPE": "true"},
         {"VLLM_CONFIG_FILE": "/config/vllm.yaml"},
         {"MODEL_CONFIG": "/config/model.yaml"},
         {"VLLM_EXTRA_ARGS": "--config /config/vllm.yaml"},
-        {"MODEL_NAME": "/runpod-volume/models/llama"},
+        {"MODEL_NAME": "{tmp}/runpod-volume/models/llama"},
         {"MODEL_NAME": "./llama"},
         {"MODEL_NAME": "s3://bucket/llama"},
         {"MODEL_NAME": "https://example.com/llama"},
     ],
 )
-def test_skips_make_no_call(hub: HubStub, extra: dict[str, str]) -> None:
+def test_skips_make_no_call(hub: HubStub, extra: dict[str, str], tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # Local paths exist (a missing one is a definitive failure of its own, tested below).
+    monkeypatch.chdir(tmp_path)
+    extra = {key: value.replace("{tmp}", str(tmp_path)) for key, value in extra.items()}
+    for key in ("BAKED_MODEL_PATH", "MODEL_NAME"):
+        if extra.get(key, "").startswith(("/", "./")):
+            (tmp_path / extra[key]).mkdir(parents=True)
     env = env_for(hub, MODEL_NAME="org/does-not-exist", HF_TOKEN=TOKEN_WITH_ACCESS)
     env.update(extra)
     result = preflight.run(env)
     assert result.ok and result.skipped_reason is not None and result.message is None
+    assert hub.requests == []
+
+
+@pytest.mark.parametrize("extra", [{"MODEL_NAME": "/no/such/model"}, {"BAKED_MODEL_PATH": "/no/such/baked"}])
+def test_a_missing_local_path_is_answered_without_a_call(hub: HubStub, extra: dict[str, str]) -> None:
+    env = env_for(hub, MODEL_NAME="org/public", HF_TOKEN=TOKEN_WITH_ACCESS)
+    env.update(extra)
+    result = preflight.run(env)
+    assert (result.ok, result.kind) == (False, "model_path_missing")
+    [(variable, path)] = extra.items()
+    assert result.message is not None and f"{variable}={path!r} does not exist" in result.message
     assert hub.requests == []
 
 

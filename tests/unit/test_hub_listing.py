@@ -299,3 +299,17 @@ def test_tests_json_runs_a_prompt_job_and_an_openai_route_job() -> None:
         routes.add((request.path, "openai_route" in test["input"]))
     assert ("/v1/completions", False) in routes, "no prompt job"
     assert ("/v1/chat/completions", True) in routes, "no openai_route chat job"
+
+
+def test_the_hub_finds_its_three_files_and_the_handler_runs_the_worker() -> None:
+    """The Hub's publishing check wants handler.py, Dockerfile and README.md at the root (or in .runpod/)."""
+    import subprocess
+    import sys
+
+    for name in ("handler.py", "Dockerfile", "README.md"):
+        assert (ROOT / name).is_file(), name
+    shown = subprocess.run(
+        [sys.executable, str(ROOT / "handler.py"), "--help"], capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert "vllm-worker" in shown.stdout
