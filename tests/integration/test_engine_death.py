@@ -16,18 +16,17 @@ CPU probe of this machine (ENGINE_DEVICE=cpu), no stand-in.
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
-import socket
 import time
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator
 
 import pytest
 from aiohttp import web
 
-from tests.support import fake_vllm, vllm_texts
+from tests.support import vllm_texts
 from tests.support.control_plane import ControlPlane
+from tests.support.engine_env import free_port
+from tests.support.fake_engine import FakeEngine
 from tests.support.worker_proc import WorkerProcess
 from vllm_worker import gpu_memory, main, recovery, startup_errors
 from vllm_worker import handler as handler_module
@@ -42,52 +41,6 @@ STATUS = {"route": "/worker/status"}
 # Long on purpose: a job that ends with the death's cause did not wait for this.
 REQUEST_TIMEOUT = "900"
 RESULT_TIMEOUT = 120.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
-class FakeEngine:
-    """The scripted `vllm serve` for one test: its variables for the worker, and what it saw."""
-
-    def __init__(self, root: Path, launches: Sequence[dict[str, Any]]) -> None:
-        self.state_dir = root / "fake-vllm"
-        self.state_dir.mkdir(parents=True, exist_ok=True)
-        self.script = fake_vllm.write_script(root / "fake-vllm-script.json", launches)
-        self.port = free_port()
-
-    def env(self) -> dict[str, str]:
-        return {
-            "VLLM_COMMAND": fake_vllm.command(),
-            "VLLM_PORT": str(self.port),
-            "FAKE_VLLM_SCRIPT": str(self.script),
-            "FAKE_VLLM_STATE_DIR": str(self.state_dir),
-        }
-
-    def launches(self) -> list[dict[str, Any]]:
-        return fake_vllm.launches(self.state_dir)
-
-    def requests(self) -> list[dict[str, Any]]:
-        return fake_vllm.requests(self.state_dir)
-
-    def kill_leftovers(self) -> None:
-        for launch in self.launches():
-            if alive(launch["pid"]):
-                try:
-                    os.kill(launch["pid"], signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
 
 
 def worker_env(engine: FakeEngine, **extra: str) -> dict[str, str]:

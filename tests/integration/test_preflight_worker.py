@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -22,6 +21,8 @@ import pytest
 
 from tests.support import fake_vllm
 from tests.support.control_plane import ControlPlane
+from tests.support.engine_env import free_port
+from tests.support.fake_engine import alive
 from tests.support.hub_stub import HubStub
 from tests.support.worker_proc import WorkerProcess
 from vllm_worker import preflight, startup_errors
@@ -35,20 +36,6 @@ JOBS = [
     {"messages": [{"role": "user", "content": "hi"}], "sampling_params": {"max_tokens": 2}},
     {"prompt": "hello", "sampling_params": {"max_tokens": 2}},
 ]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 @pytest.fixture

@@ -26,16 +26,14 @@ tried), so these tests pin the wiring, not the wording.
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
 import pytest
 
-from tests.support import fake_vllm, vllm_texts
+from tests.support import vllm_texts
 from tests.support.control_plane import ControlPlane
+from tests.support.fake_engine import FakeEngine
 from tests.support.worker_proc import WorkerProcess
 from vllm_worker import recovery, startup_errors
 from vllm_worker.settings import multiple_of_8_at_least
@@ -52,49 +50,6 @@ EAGER_TOKENS = str(startup_errors.EAGER_MAX_BATCHED_TOKENS)
 
 
 # ----------------------------------------------------------------------------- helpers
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
-class FakeEngine:
-    """The scripted `vllm serve` of one worker: its variables, and every launch it recorded."""
-
-    def __init__(self, root: Path, launches: Sequence[dict[str, Any]]) -> None:
-        self.state_dir = root / "fake-vllm"
-        self.state_dir.mkdir(parents=True, exist_ok=True)
-        self.script = fake_vllm.write_script(root / "fake-vllm-script.json", launches)
-        self.port = free_port()
-
-    def env(self) -> dict[str, str]:
-        return {
-            "VLLM_COMMAND": fake_vllm.command(),
-            "VLLM_PORT": str(self.port),
-            "FAKE_VLLM_SCRIPT": str(self.script),
-            "FAKE_VLLM_STATE_DIR": str(self.state_dir),
-        }
-
-    def argvs(self) -> list[list[str]]:
-        return [launch["argv"] for launch in fake_vllm.launches(self.state_dir)]
-
-    def kill_leftovers(self) -> None:
-        for launch in fake_vllm.launches(self.state_dir):
-            if alive(launch["pid"]):
-                try:
-                    os.kill(launch["pid"], signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
 
 
 def worker_env(engine: FakeEngine, **extra: str) -> dict[str, str]:

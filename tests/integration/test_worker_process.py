@@ -14,9 +14,6 @@ exercised in tests/engine. HF_HUB_OFFLINE=1 skips the Hub pre-flight (no Hub sta
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
 import sys
 import time
 from pathlib import Path
@@ -24,8 +21,9 @@ from typing import Any, Callable, Iterator, Sequence
 
 import pytest
 
-from tests.support import fake_vllm, vllm_texts
+from tests.support import vllm_texts
 from tests.support.control_plane import ControlPlane
+from tests.support.fake_engine import FakeEngine, alive
 from tests.support.worker_proc import WorkerProcess
 from vllm_worker import recovery, startup_errors
 from vllm_worker import settings as worker_settings
@@ -38,26 +36,11 @@ JOB_TIMEOUT = 120.0
 MESSAGES = [{"role": "user", "content": "Say five words."}]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def settings_error(env: dict[str, str]) -> str:
     """The sentence settings.load gives for env: what every job must be answered with."""
     with pytest.raises(worker_settings.SettingsError) as info:
         worker_settings.load(env)
     return str(info.value)
-
-
-def alive(pid: int) -> bool:
-    """True while pid runs (a zombie awaiting its reaper counts as gone)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def wait_until(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
@@ -69,41 +52,6 @@ def wait_until(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
         if time.monotonic() > deadline:
             raise TimeoutError(f"{what} did not happen within {timeout}s")
         time.sleep(0.1)
-
-
-class FakeEngine:
-    """The scripted `vllm serve` for one test: its env for the worker, and what it saw."""
-
-    def __init__(self, root: Path, launches: Sequence[dict[str, Any]], record_env: Sequence[str] = ()) -> None:
-        self.state_dir = root / "fake-vllm"
-        self.state_dir.mkdir(parents=True, exist_ok=True)
-        self.script = fake_vllm.write_script(root / "fake-vllm-script.json", launches)
-        self.port = free_port()
-        self.record_env = list(record_env)
-
-    def env(self, exit_with_parent: bool = True) -> dict[str, str]:
-        return {
-            "VLLM_COMMAND": fake_vllm.command(),
-            "VLLM_PORT": str(self.port),
-            "FAKE_VLLM_SCRIPT": str(self.script),
-            "FAKE_VLLM_STATE_DIR": str(self.state_dir),
-            "FAKE_VLLM_RECORD_ENV": ",".join(self.record_env),
-            "FAKE_VLLM_EXIT_WITH_PARENT": "1" if exit_with_parent else "0",
-        }
-
-    def launches(self) -> list[dict[str, Any]]:
-        return fake_vllm.launches(self.state_dir)
-
-    def requests(self) -> list[dict[str, Any]]:
-        return fake_vllm.requests(self.state_dir)
-
-    def kill_leftovers(self) -> None:
-        for launch in self.launches():
-            if alive(launch["pid"]):
-                try:
-                    os.kill(launch["pid"], signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
 
 
 @pytest.fixture
