@@ -1,0 +1,65 @@
+"""The capacity plan's choice reaches the first launch (issue 6, item 3), through main.start_engine.
+
+The GPU figures cannot come from this machine, so the plan is made for a 24 GiB card from a
+config; the engine is the scripted stand-in, which records the argv of each launch. What is
+checked is main's part: a profile the plan chose is the first launch's configuration, shown
+as a degraded profile, and the ladder still counts from there.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.support.fake_engine import FakeEngine
+from vllm_worker import capacity, main
+from vllm_worker import settings as settings_mod
+from vllm_worker.gpus import find_card
+
+CARD = find_card("RTX 4090").total_bytes
+# A Llama-8B shape whose 1,000,000-token vocabulary makes the sampler of 256 sequences
+# cost several GiB: MAX_NUM_SEQS=256 cannot fit a long context, 32 can.
+CONFIG = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_attention_heads": 32,
+    "num_hidden_layers": 32,
+    "num_key_value_heads": 8,
+    "max_position_embeddings": 1_048_576,
+    "torch_dtype": "bfloat16",
+    "vocab_size": 1_000_000,
+    "tie_word_embeddings": False,
+}
+PARAMS = {"BF16": 8030261248}
+
+
+def _length_beyond(facts: capacity.ModelFacts, env: dict[str, str]) -> int:
+    loose = capacity.plan(facts, CARD, capacity.knobs_from_env(env, max_concurrency=30), max_concurrency=30)
+    return (loose.kv_cache_bytes + loose.margin_bytes) // capacity.kv_bytes_per_token(facts) + 256
+
+
+def test_the_first_launch_runs_the_profile_the_plan_predicted_to_fit(tmp_path: Path) -> None:
+    facts = capacity.facts_from_config(CONFIG, PARAMS, source="org/big-vocab")
+    base = {"MODEL_NAME": "org/big-vocab", "MAX_NUM_SEQS": "256", "MAX_CONCURRENCY": "30"}
+    env = {**base, "MAX_MODEL_LEN": str(_length_beyond(facts, base))}
+    plan = capacity.startup_plan(env, CARD, 30, facts=facts)
+    assert plan.status == "profile" and plan.overrides == {"MAX_NUM_SEQS": "32"}
+
+    engine = FakeEngine(tmp_path, [{"serve": True}])
+    env.update(engine.env())
+    settings = settings_mod.load(env)
+    supervisor = main.Supervisor(settings)
+    try:
+        outcome = main.start_engine(env, settings, supervisor, None, plan, CARD)
+    finally:
+        supervisor.stop()
+        engine.kill_leftovers()
+
+    [argv] = engine.argvs()
+    assert argv[argv.index("--max-num-seqs") + 1] == "32"
+    assert argv[argv.index("--max-model-len") + 1] == env["MAX_MODEL_LEN"]  # never lowered
+    assert outcome.fatal is None and [r["outcome"] for r in outcome.launches] == ["ready"]
+    assert outcome.profile is not None and outcome.profile["name"] == "max_num_seqs=32"
+    assert outcome.capacity_plan["plan"] == "profile"
+
