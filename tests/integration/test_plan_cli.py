@@ -20,26 +20,9 @@ from typing import Iterator
 import pytest
 
 from tests.support.hub_stub import HubStub
+from tests.support.model_configs import LLAMA_31_8B, LLAMA_31_8B_PARAMS
 from vllm_worker import capacity, startup_errors
 from vllm_worker.capacity import GiB
-
-# meta-llama/Llama-3.1-8B-Instruct's config.json (the fields that matter) and its safetensors counts.
-LLAMA_31_8B = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "hidden_size": 4096,
-    "intermediate_size": 14336,
-    "num_attention_heads": 32,
-    "num_hidden_layers": 32,
-    "num_key_value_heads": 8,
-    "max_position_embeddings": 131072,
-    "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                     "original_max_position_embeddings": 8192, "rope_type": "llama3"},
-    "torch_dtype": "bfloat16",
-    "vocab_size": 128256,
-    "tie_word_embeddings": False,
-}
-LLAMA_31_8B_PARAMS = {"BF16": 8030261248}
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "hf_planreader0123456789"

@@ -12,17 +12,13 @@ Hub failure must not stop the boot.
 
 from __future__ import annotations
 
-import os
-import signal
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import pytest
 
-from tests.support import fake_vllm
 from tests.support.control_plane import ControlPlane
-from tests.support.engine_env import free_port
-from tests.support.fake_engine import alive
+from tests.support.fake_engine import FakeEngine
 from tests.support.hub_stub import HubStub
 from tests.support.worker_proc import WorkerProcess
 from vllm_worker import preflight, startup_errors
@@ -56,31 +52,16 @@ class Worker:
     """A worker on the Hub stand-in with a scripted engine that serves; what it launched."""
 
     def __init__(self, root: Path, hub: HubStub, cp: ControlPlane, **env: str) -> None:
-        self.state_dir = root / "fake-vllm"
-        self.state_dir.mkdir(parents=True, exist_ok=True)
-        script = fake_vllm.write_script(root / "fake-vllm-script.json", [{"serve": True}])
+        self.engine = FakeEngine(root, [{"serve": True}])
         # What the user configured (plus where the Hub is): also what the test's own pre-flight reads.
         self.user_env = {"HF_ENDPOINT": hub.endpoint, **env}
-        full = {
-            **self.user_env,
-            "VLLM_COMMAND": fake_vllm.command(),
-            "VLLM_PORT": str(free_port()),
-            "FAKE_VLLM_SCRIPT": str(script),
-            "FAKE_VLLM_STATE_DIR": str(self.state_dir),
-        }
-        self.process = WorkerProcess(full, control_plane=cp, workdir=root)
+        self.process = WorkerProcess({**self.user_env, **self.engine.env()}, control_plane=cp, workdir=root)
 
     def launches(self) -> list[dict[str, Any]]:
-        return fake_vllm.launches(self.state_dir)
+        return self.engine.launches()
 
     def kill_leftovers(self) -> None:
-        for launch in self.launches():
-            if alive(launch["pid"]):
-                try:
-                    os.kill(launch["pid"], signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-
+        self.engine.kill_leftovers()
 
 def answers(worker: Worker, cp: ControlPlane) -> list[dict[str, Any]]:
     """Submit JOBS before the worker starts (as the platform queues them), return their job-done bodies."""
