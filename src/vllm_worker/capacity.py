@@ -40,6 +40,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
+from vllm_worker.diagnosis import Diagnosis, parse_human_int
 from vllm_worker.settings import multiple_of_8_at_least
 
 MiB = 1 << 20
@@ -525,18 +526,6 @@ def parse_size(text: str) -> int:
     # A bare unit letter (24G) means binary, as nvidia-smi and vLLM's K/M/G do; GB is decimal.
     base = 1024 if binary or (unit and not m.group(4)) else 1000
     return int(float(number) * base**power)
-
-
-def parse_human_int(text: str) -> int:
-    """vLLM's human_readable_int (utils/argparse_utils.py): '1k' = 1000, '1K' = 1024."""
-    value = text.strip()
-    m = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmMgGtT])", value)
-    if m:
-        number, suffix = m.groups()
-        if suffix.islower():
-            return int(float(number) * 10 ** (3 * ("kmgt".index(suffix) + 1)))
-        return int(number) * 2 ** (10 * ("KMGT".index(suffix) + 1))
-    return int(value)
 
 
 _TRUE = {"true", "1", "yes", "on"}
@@ -1321,7 +1310,6 @@ def fit_profile(
     lowered, and every explicit setting a profile changes is named in a warning.
     """
     from vllm_worker import recovery
-    from vllm_worker.startup_errors import Diagnosis
 
     def plan_for(launch_env: Mapping[str, str]) -> Plan:
         knobs = knobs_from_env(launch_env, max_concurrency=max_concurrency, device_name=device_name)

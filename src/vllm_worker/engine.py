@@ -20,6 +20,7 @@ from __future__ import annotations
 import collections
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -42,6 +43,31 @@ KILL_TIMEOUT = 5.0
 
 # Loopback health checks must never go through an HTTP(S)_PROXY from the environment.
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+# One line of output is cut at this many bytes: an engine that prints megabytes without a newline
+# must not grow the worker's memory or its log without bound.
+MAX_LINE_BYTES = 16384
+
+
+def command_problem(argv: list[str], env: Mapping[str, str]) -> str | None:
+    """Why the engine command cannot be started at all (missing, not executable); None when it can.
+
+    Checked before a launch so that a wrong VLLM_COMMAND is answered in milliseconds, in words
+    that name it, instead of a FileNotFoundError traceback.
+    """
+    if not argv:
+        return "it is empty"
+    program = argv[0]
+    if os.sep in program:
+        if not os.path.exists(program):
+            return f"{program!r} does not exist"
+        if os.path.isdir(program) or not os.access(program, os.X_OK):
+            return f"{program!r} is not an executable file"
+        return None
+    if shutil.which(program, path=env.get("PATH", os.defpath)) is None:
+        return f"{program!r} was not found on the PATH"
+    return None
 
 
 def health_url(host: str, port: int) -> str:
@@ -83,21 +109,28 @@ class Engine:
         self._stop_lock = threading.Lock()
         self._stopping = False
         self._stopped = False
+        # Why the command could not be spawned (OSError); the engine then counts as exited at once.
+        self.spawn_error: str | None = None
 
     # -- lifecycle -------------------------------------------------------------------
 
     def start(self) -> None:
         """Spawn the child with stdout+stderr on one pipe, and start copying its output."""
-        if self._proc is not None:
+        if self._proc is not None or self.spawn_error is not None:
             raise RuntimeError("Engine.start() called twice; make a new Engine to relaunch")
-        self._proc = subprocess.Popen(
-            self.argv,
-            env=self.env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        try:
+            self._proc = subprocess.Popen(
+                self.argv,
+                env=self.env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        except OSError as error:
+            self.spawn_error = f"{self.argv[0] if self.argv else ''!r}: {error.strerror or error}"
+            log.error("the engine command could not be started: %s", self.spawn_error)
+            return
         if self.log_argv is not None:
             log.info("engine started (pid %d): %s", self._proc.pid, self.log_argv)
         else:
@@ -110,6 +143,8 @@ class Engine:
 
         An exit is noticed at once (the poll sleeps in `Popen.wait`), not at the deadline.
         """
+        if self.spawn_error is not None:
+            return "exited"
         proc = self._require_started()
         url = health_url(self.host, self.port)
         deadline = time.monotonic() + timeout
@@ -211,6 +246,8 @@ class Engine:
 
     @property
     def returncode(self) -> int | None:
+        if self.spawn_error is not None:
+            return 127  # the shell's "command not found"
         return self._proc.poll() if self._proc is not None else None
 
     @property
@@ -237,7 +274,17 @@ class Engine:
         proc = self._proc
         assert proc is not None and proc.stdout is not None
         with proc.stdout:
-            for raw in proc.stdout:
+            while True:
+                raw = proc.stdout.readline(MAX_LINE_BYTES)
+                if not raw:
+                    break
+                if len(raw) >= MAX_LINE_BYTES and not raw.endswith(b"\n"):
+                    raw += b" [cut]"
+                    # Skip the rest of that line without keeping it.
+                    while True:
+                        rest = proc.stdout.readline(MAX_LINE_BYTES)
+                        if not rest or rest.endswith(b"\n"):
+                            break
                 line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
                 with self._tail_lock:
                     self._tail.append(line)

@@ -2,10 +2,11 @@
 
 Whatever happens at startup, the worker ends up in Runpod's job loop: either with a
 ready engine, or with one sentence that every job is answered with. A container that
-exits on a configuration error is restarted by the platform into the same error, which
-is a crash loop the user cannot see; an answered job is something they can read.
-The one exception is a failure nobody could classify: there a restart of the host may
-help, so the worker exits non-zero and lets the platform try again.
+exits on a startup failure is restarted by the platform into the same failure, which
+is a crash loop the user cannot see; an answered job is something they can read. That
+holds for failures no rule knows too: they are answered with vLLM's own root error, and
+a fault that may be the host's gets one relaunch, then the answer says how to get a
+fresh machine.
 
 Once serving, the engine is watched (its exit, and vLLM's /health turning 503 when the
 engine core died under a live API server). A death ends the jobs that were running at once,
@@ -33,7 +34,7 @@ from typing import Any, Callable, Mapping, Sequence, cast
 
 from vllm_worker import args_builder, capacity, gpu_memory, handler, recovery, startup_errors
 from vllm_worker import settings as settings_mod
-from vllm_worker.engine import Engine, health_url
+from vllm_worker.engine import Engine, command_problem, health_url
 
 log = logging.getLogger("vllm_worker")
 
@@ -44,7 +45,6 @@ class StartupOutcome:
 
     engine: Engine | None = None
     fatal: str | None = None
-    exit_code: int | None = None  # set when the worker should exit instead of serving
     served_model_name: str = ""
     profile: dict[str, Any] | None = None
     launches: list[dict[str, Any]] = field(default_factory=list)
@@ -104,11 +104,21 @@ def _startup_timeout_message(settings: settings_mod.Settings) -> str:
     )
 
 
-def _unclassified_message(exit_code: int | None, tail: str) -> str:
-    last = [line for line in tail.splitlines() if line.strip()][-5:]
-    return (
-        f"vLLM exited with code {exit_code} before it was ready, for a reason the worker does not recognise; "
-        f"its last lines were: {' | '.join(last) if last else '(no output)'}"
+def launch_failure(
+    engine: Engine, launch_env: Mapping[str, str], settings: settings_mod.Settings, tried: Sequence[str] = (),
+    weights_bytes: int | None = None,
+) -> startup_errors.Diagnosis:
+    """Why a launch ended before it was ready; always an answer, never an exit."""
+    if engine.spawn_error is not None:
+        return startup_errors.engine_command_failure(settings.vllm_command, engine.spawn_error)
+    return startup_errors.explain(
+        engine.tail(),
+        launch_env.get("MODEL_NAME"),
+        revision=launch_env.get("MODEL_REVISION"),
+        exit_code=engine.returncode,
+        env=launch_env,
+        tried=tried,
+        weights_bytes=weights_bytes,
     )
 
 
@@ -143,6 +153,10 @@ def start_engine(
         outcome.served_model_name = built.served_model_name
         for warning in built.warnings:
             log.warning(warning)
+        unstartable = command_problem(built.argv, built.engine_env)
+        if unstartable is not None:
+            outcome.fatal = startup_errors.engine_command_failure(settings.vllm_command, unstartable).message
+            return outcome
         if wait_for_memory is not None:
             problem = wait_for_memory(launch_env)
             if problem:
@@ -176,7 +190,6 @@ def start_engine(
                 }
             return outcome
 
-        tail = engine.tail()
         engine.stop(settings.stop_grace)
         if state == "timeout":
             record["outcome"] = "timeout"
@@ -184,24 +197,13 @@ def start_engine(
             outcome.fatal = _startup_timeout_message(settings)
             return outcome
 
-        diagnosis = startup_errors.diagnose(
-            tail,
-            launch_env.get("MODEL_NAME"),
-            revision=launch_env.get("MODEL_REVISION"),
-            exit_code=engine.returncode,
-            env=launch_env,
-            tried=tried,
-        )
+        weights = startup_plan.predicted.weights_bytes if startup_plan and startup_plan.predicted else None
+        diagnosis = launch_failure(engine, launch_env, settings, tried, weights)
         record["outcome"] = "failed"
         record["exit_code"] = engine.returncode
-        record["cause"] = diagnosis.kind if diagnosis else None
+        record["cause"] = diagnosis.kind
         outcome.launches.append(record)
         attempts.append(recovery.Attempt(env=dict(launch_env), diagnosis=diagnosis))
-        if diagnosis is None:
-            log.error(_unclassified_message(engine.returncode, tail))
-            outcome.fatal = _unclassified_message(engine.returncode, tail)
-            outcome.exit_code = 1
-            return outcome
         log.error("launch %d failed: %s", len(attempts), diagnosis.message)
 
         step = recovery.next_launch(env, attempts, settings.max_concurrency, device_total_bytes=device_total_bytes)
@@ -410,15 +412,8 @@ class EngineMonitor:
                 record["outcome"] = "timeout"
                 kind, message = "timeout", _startup_timeout_message(self.settings)
             else:
-                diagnosis = startup_errors.diagnose(
-                    tail,
-                    self.launch_env.get("MODEL_NAME"),
-                    revision=self.launch_env.get("MODEL_REVISION"),
-                    exit_code=engine.returncode,
-                    env=self.launch_env,
-                )
-                kind = diagnosis.kind if diagnosis else "unrecognised"
-                message = diagnosis.message if diagnosis else _unclassified_message(engine.returncode, tail)
+                diagnosis = launch_failure(engine, self.launch_env, self.settings)
+                kind, message = diagnosis.kind, diagnosis.message
                 record.update(outcome="failed", exit_code=engine.returncode)
             record["cause"] = kind
             self.causes.append(kind)
@@ -518,9 +513,17 @@ def run(env: Mapping[str, str] | None = None) -> int:
     signal.signal(signal.SIGINT, on_signal)
 
     try:
-        outcome = _startup(env, settings, supervisor)
-        if outcome.exit_code is not None:
-            return outcome.exit_code
+        try:
+            outcome = _startup(env, settings, supervisor)
+        except Exception as error:  # noqa: BLE001 - whatever broke, the jobs must say so rather than crash-loop
+            log.exception("the worker failed while starting the engine")
+            supervisor.stop()
+            outcome = StartupOutcome(
+                fatal=(
+                    f"The worker failed while starting the engine ({type(error).__name__}: {error}); "
+                    f"terminate this worker so the platform starts a fresh one, and please report this."
+                )
+            )
         state = handler.WorkerState(
             fatal=outcome.fatal,
             served_model_name=outcome.served_model_name,

@@ -25,7 +25,10 @@ itself, within a hard budget of three launches in all:
   contract with their clients, so the message tells them the length that fits instead;
 - memory held by another process, or a profiling race with one: the model and its
   settings are fine, so one relaunch of the same configuration after waiting for
-  the memory, never a smaller footprint.
+  the memory, never a smaller footprint;
+- a fault that may be the host's (NCCL, the CUDA driver, ECC, no GPU visible) or a Hub
+  that could not be reached: one relaunch of the same configuration, then the answer,
+  which tells the user how to get a fresh machine.
 
 `next_launch` is pure: it reads what happened so far and returns the overrides
 for the next launch or `Stop`. It derives which steps were used by replaying
@@ -39,7 +42,8 @@ from dataclasses import dataclass, field, replace
 from typing import Mapping, Sequence
 
 from vllm_worker.settings import multiple_of_8_at_least
-from vllm_worker.startup_errors import (
+from vllm_worker.diagnosis import (
+    TRANSIENT_KINDS,
     EAGER_MAX_BATCHED_TOKENS,
     Diagnosis,
     effective_max_num_seqs,
@@ -101,7 +105,7 @@ class Stop:
 
 @dataclass(frozen=True)
 class _Step:
-    name: str  # "revision", "seqs", "eager", "held", "race": each is used at most once
+    name: str  # "revision", "seqs", "eager", "held", "race", "transient": each is used at most once
     relaunch: Relaunch
 
 
@@ -184,6 +188,19 @@ def _plan(
                 overrides=prior,
                 profile="same",
                 reason="another process changed GPU memory while vLLM measured it; launching the same configuration",
+                tried_phrase="relaunched once with the same settings",
+                wait_for_memory=True,
+            ),
+        )
+    if diagnosis.kind in TRANSIENT_KINDS:
+        if "transient" in used:
+            return Stop(f"{diagnosis.kind}: it failed the same way after one relaunch")
+        return _Step(
+            "transient",
+            Relaunch(
+                overrides=prior,
+                profile="same",
+                reason=f"{diagnosis.kind}: a fault that may pass; launching the same configuration once more",
                 tried_phrase="relaunched once with the same settings",
                 wait_for_memory=True,
             ),

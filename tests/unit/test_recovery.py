@@ -354,6 +354,13 @@ def test_profiling_race_relaunches_the_same_configuration_once() -> None:
     assert run.stop is not None
 
 
+@pytest.mark.parametrize("text", [t.UNKNOWN_FAILURE, t.HUB_UNREACHABLE])
+def test_a_fault_that_may_pass_relaunches_the_same_configuration_once(text: str) -> None:
+    run = launch_until_stop(BASE, [text, text, text])
+    assert [(r.profile, r.overrides) for r in run.relaunches] == [("same", {})]
+    assert run.stop is not None
+
+
 # --- everything else stops -------------------------------------------------------------
 
 
@@ -368,7 +375,6 @@ def test_profiling_race_relaunches_the_same_configuration_once() -> None:
         t.UNSUPPORTED_ARCHITECTURE,
         t.TRUST_REMOTE_CODE,
         t.DISK_FULL,
-        t.UNKNOWN_FAILURE,
     ],
 )
 def test_causes_a_relaunch_cannot_fix_stop(text: str) -> None:

@@ -60,7 +60,9 @@ OTHER_CAUSES = {
     "DISK_FULL": "disk_full",
 }
 
-NOT_CLASSIFIED = ["SUCCESS_GPU", "SUCCESS_CPU", "UNKNOWN_FAILURE", "NOISE_ONLY", "HUB_UNREACHABLE"]
+NOT_CLASSIFIED = ["SUCCESS_GPU", "SUCCESS_CPU", "NOISE_ONLY"]
+# Known since the field corpus (issue 9): answered with their cause, one in-place relaunch each.
+TRANSIENT = {"UNKNOWN_FAILURE": "host_fault", "HUB_UNREACHABLE": "hub_unreachable"}
 
 
 # --- every cause -------------------------------------------------------------------
@@ -102,6 +104,15 @@ def test_success_noise_and_unknown_are_not_classified(name: str) -> None:
     assert classify(text, MODEL) is None
     assert not memory_shortfall(text)
     assert not memory_held(text)
+
+
+@pytest.mark.parametrize("name,kind", sorted(TRANSIENT.items()))
+def test_faults_that_may_pass_are_named_and_never_memory(name: str, kind: str) -> None:
+    text = getattr(t, name)
+    diagnosis = diagnose(text, MODEL, exit_code=1)
+    assert diagnosis is not None and diagnosis.kind == kind
+    assert kind in startup_errors.TRANSIENT_KINDS
+    assert not memory_shortfall(text) and "out of memory" not in diagnosis.message
 
 
 def test_empty_output_is_not_classified() -> None:
@@ -699,3 +710,107 @@ def test_every_kind_has_its_entry_in_the_troubleshooting_guide() -> None:
     guide = (Path(__file__).resolve().parents[2] / "docs" / "troubleshooting.md").read_text()
     for kind in [*KINDS, *startup_errors.RUNTIME_KINDS]:
         assert f"(`{kind}`)" in guide, kind
+
+
+# --- wording drift, the root error, weights that cannot fit (issue 9) ---------------------------
+
+
+def test_wrapped_and_retyped_lines_still_name_the_cause() -> None:
+    line = "ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization`."
+    wrapped = [
+        f"> {line}",
+        f"vllm-1  | {line}",
+        f"2025-01-02T03:04:05.123Z {line}",
+        f"| (EngineCore_DP0 pid=7) ERROR 01-02 03:04:05 [core.py:1] {line}",
+        f"`{line}`",
+        line.lower(),
+        # hard-wrapped mid-word at 60 columns
+        line[:60] + "\n" + line[60:],
+    ]
+    for text in wrapped:
+        diagnosis = diagnose(text)
+        assert diagnosis is not None and diagnosis.detail == "no_kv_memory", text
+
+
+def test_a_match_only_in_the_next_line_belongs_to_that_line() -> None:
+    from vllm_worker.failure_rules import clean_lines, find_hits
+
+    lines = clean_lines("x" * 50 + "\nNo available memory for the cache blocks")
+    assert [hit.index for hit in find_hits(lines)] == [1]
+
+
+def test_the_root_error_is_the_innermost_of_the_last_chain_without_wrappers() -> None:
+    from vllm_worker.failure_rules import clean_lines, root_error
+
+    text = "\n".join(
+        [
+            "WARNING harmless: ValueError: caught earlier",
+            "Traceback (most recent call last):",
+            "KeyError: 'rope_scaling'",
+            "",
+            "The above exception was the direct cause of the following exception:",
+            "",
+            "RuntimeError: could not build the model",
+            "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}",
+        ]
+    )
+    assert root_error(clean_lines(text)) == "KeyError: 'rope_scaling'"
+    worker = "Exception: Worker failed with error 'weird thing happened', please check the stack trace above for the root cause"
+    assert root_error(clean_lines(worker)) == "weird thing happened"
+
+
+def test_an_unknown_failure_is_answered_with_the_root_error_and_exit_code() -> None:
+    text = "Traceback (most recent call last):\nRuntimeError: the flux capacitor is misaligned\nEngineCore failed to start."
+    assert diagnose(text) is None
+    diagnosis = startup_errors.explain(text, exit_code=1)
+    assert diagnosis.kind == "unknown"
+    assert diagnosis.message.startswith("vLLM failed to start: RuntimeError: the flux capacitor is misaligned (exit code 1).")
+    assert "does not know this failure" in diagnosis.message
+
+
+def test_an_engine_that_printed_nothing_is_answered_naming_vllm_command() -> None:
+    diagnosis = startup_errors.explain("", exit_code=3)
+    assert diagnosis.kind == "unknown" and "VLLM_COMMAND" in diagnosis.message and "exit code 3" in diagnosis.message
+
+
+def test_harmless_import_warnings_of_a_good_start_are_not_the_cause() -> None:
+    text = (
+        "WARNING 01-02 03:04:05 [__init__.py:1] Failed to import from vllm._C with "
+        "ImportError('libcuda.so.1: cannot open shared object file: No such file or directory')\n"
+        "Traceback (most recent call last):\nRuntimeError: the flux capacitor is misaligned"
+    )
+    assert startup_errors.explain(text, exit_code=1).kind == "unknown"
+
+
+_OOM = (
+    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 896.00 MiB. GPU 0 has a total capacity of "
+    "23.53 GiB of which 214.06 MiB is free."
+)
+
+
+def test_an_oom_while_loading_weights_is_not_relaunched_and_names_the_card() -> None:
+    loading = "\n".join(
+        [
+            "INFO 01-02 03:04:05 [gpu_model_runner.py:1] Starting to load model acme/huge...",
+            "Traceback (most recent call last):",
+            '  File "/x/vllm/v1/worker/gpu_model_runner.py", line 1, in load_model',
+            _OOM,
+        ]
+    )
+    diagnosis = diagnose(loading, MODEL, weights_bytes=28 * 2**30)
+    assert diagnosis is not None and diagnosis.detail == "weights_load"
+    assert "23.53 GiB in all" in diagnosis.message and "28 GiB per GPU" in diagnosis.message
+    after = loading.replace("in load_model", "in profile_run") + "\n"
+    after = "INFO Model loading took 14.2 GiB memory and 3 seconds\n" + after.replace("Starting to load model", "x")
+    assert diagnose(after, MODEL).detail == "out_of_memory"  # type: ignore[union-attr]
+
+
+def test_weights_larger_than_the_card_make_any_oom_a_weights_oom() -> None:
+    assert diagnose(_OOM, MODEL).detail == "out_of_memory"  # type: ignore[union-attr]
+    assert diagnose(_OOM, MODEL, weights_bytes=30 * 2**30).detail == "weights_load"  # type: ignore[union-attr]
+
+
+def test_engine_command_failure_names_the_variable() -> None:
+    diagnosis = startup_errors.engine_command_failure(["vlm", "serve"], "'vlm' was not found on PATH")
+    assert diagnosis.kind == "engine_command"
+    assert diagnosis.message.startswith("The engine command VLLM_COMMAND='vlm serve' cannot be started")

@@ -1,0 +1,141 @@
+"""Why an engine that had started and served stopped.
+
+Separate from `startup_errors`: a death while serving is never walked up the startup
+ladder's footprint knobs by its words alone (the configuration did start), and its
+message names how the process stopped and vLLM's last error.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+from typing import Mapping, Sequence
+
+from vllm_worker.diagnosis import (
+    Diagnosis,
+    compose,
+    effective_max_num_seqs,
+    env_int,
+    env_value,
+    evidence_of,
+    max_concurrency_of,
+    scrubbed,
+)
+from vllm_worker.failure_rules import clean_lines
+
+# --- the engine died while serving ------------------------------------------------------------
+
+# Why an engine that had started and served stopped. Not startup kinds: `recovery`'s ladder never sees these.
+RUNTIME_KINDS: dict[str, str] = {
+    "runtime_oom": "the engine started fine and then ran out of memory on a request",
+    "engine_died": "the engine stopped while serving, for a reason other than memory",
+}
+
+# vLLM logs this once its API server listens (vllm/entrypoints/openai/api_server.py); what
+# follows it in the tail happened while serving.
+SERVING_MARKER = "Starting vLLM server on"
+# vllm/v1/engine/exceptions.py:16, EngineDeadError: in-flight requests are answered with it.
+ENGINE_DEAD_TEXT = "EngineCore encountered an issue"
+
+_RUNTIME_OOM_GPU = re.compile(r"(?:CUDA|HIP) out of memory|CUDA error: out of memory|OutOfMemoryError")
+_RUNTIME_OOM_CPU = re.compile(r"DefaultCPUAllocator: can't allocate memory")
+_EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception)(?::|$)")
+
+
+def _serving_lines(output: str) -> list[str]:
+    lines = clean_lines(output)
+    starts = [i for i, line in enumerate(lines) if SERVING_MARKER in line]
+    return lines[starts[-1] + 1 :] if starts else lines
+
+
+def _how_it_stopped(exit_code: int | None) -> str:
+    if exit_code is None:
+        return "reported itself dead (its /health answered 503, EngineDeadError)"
+    if exit_code < 0:
+        try:
+            name = f" ({signal.Signals(-exit_code).name})"
+        except ValueError:
+            name = ""
+        return f"was killed by signal {-exit_code}{name}"
+    return f"exited with code {exit_code}"
+
+
+def _root_line(lines: Sequence[str]) -> str | None:
+    """vLLM's last exception line that is not the EngineDeadError every request gets."""
+    for line in reversed(lines):
+        text = line.strip()
+        if _EXCEPTION_LINE.match(text) and ENGINE_DEAD_TEXT not in text:
+            return text
+    return None
+
+
+def _runtime_oom_fixes(output: str, env: Mapping[str, str]) -> list[str]:
+    fixes: list[str] = []
+    tokens = env_int(env, "MAX_NUM_BATCHED_TOKENS")
+    if tokens is None or tokens <= 0:
+        chosen = re.findall(r"max_num_batched_tokens=(\d+)", output)
+        tokens = int(chosen[-1]) if chosen else None
+        where = "vLLM's choice" if tokens else None
+    else:
+        where = "set"
+    if tokens:
+        fixes.append(
+            f"lower MAX_NUM_BATCHED_TOKENS (now {tokens}, {where}), e.g. to {max(256, tokens // 2)}, "
+            f"to cap the prompt tokens processed in one step"
+        )
+    else:
+        fixes.append("set MAX_NUM_BATCHED_TOKENS (e.g. 2048) to cap the prompt tokens processed in one step")
+    length = env_value(env, "MAX_MODEL_LEN")
+    if length is None or not length.isdigit() or int(length) <= 0:
+        used = re.findall(r"Using max model len (\d+)", output)
+        length = used[-1] if used else None
+    context = f"the {length}-token context the engine accepts" if length else "the context the engine accepts"
+    fixes.append(f"cap the prompt length your clients send, well below {context}")
+    max_concurrency = max_concurrency_of(env)
+    seqs = effective_max_num_seqs(env, max_concurrency)
+    fixes.append(f"lower MAX_NUM_SEQS (now {seqs}) so fewer sequences share one step")
+    return fixes
+
+
+def runtime_failure(output: str, env: Mapping[str, str] | None = None, *, exit_code: int | None = None) -> Diagnosis:
+    """Why an engine that was serving stopped, from the tail of its output.
+
+    exit_code: the engine process's status (negative: the signal that killed it), or None when
+    the process is alive but vLLM's /health answers 503. A memory failure after a good start is
+    "runtime_oom", with the limits that bound one step's memory; anything else is "engine_died",
+    naming how it stopped and vLLM's last exception line.
+    """
+    env = dict(env or {})
+    lines = _serving_lines(output)
+    text = "\n".join(lines)
+    how = _how_it_stopped(exit_code)
+    cpu = next((line for line in reversed(lines) if _RUNTIME_OOM_CPU.search(line)), None)
+    gpu = next((line for line in reversed(lines) if _RUNTIME_OOM_GPU.search(line)), None)
+    oom = cpu or gpu
+    if oom is not None:
+        device = "CPU" if cpu else "GPU"
+        m = re.search(r"Tried to allocate ([\d.]+ [KMG]iB)", text)
+        b = re.search(r"you tried to allocate (\d+) bytes", text)
+        asked = f" (one allocation of {m.group(1)} failed)" if m else ""
+        if not m and b:
+            asked = f" (one allocation of {int(b.group(1)) / 2**30:.1f} GiB failed)"
+        cause = (
+            f"The engine ran out of {device} memory while serving requests{asked} and stopped. It had started "
+            f"and served with these settings, so the KV cache is not the problem: one step needed more memory "
+            f"than was left outside it, typically for a very long prompt or many prompts prefilled at once"
+        )
+        diagnosis = Diagnosis(
+            kind="runtime_oom",
+            message=compose(cause, (), _runtime_oom_fixes(output, env)),
+            evidence=evidence_of(oom),
+            facts={"device": device},
+        )
+    else:
+        root = _root_line(lines)
+        last = f"; its last error was: {evidence_of(root)}" if root else ""
+        cause = f"The engine {how} while serving requests{last}"
+        diagnosis = Diagnosis(kind="engine_died", message=cause.rstrip(".") + ".", evidence=evidence_of(root or ""))
+    if exit_code is not None:
+        diagnosis.facts["exit_code"] = str(exit_code)
+    return scrubbed(diagnosis, env)
+
