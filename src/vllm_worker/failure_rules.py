@@ -158,7 +158,7 @@ RULES: tuple[Rule, ...] = (
         "memory_shortfall",
         r"(?:CUDA|HIP|XPU|NPU|MPS) out of memory|(?:CUDA|HIP) error: out of memory|OutOfMemoryError"
         r"|UR_RESULT_ERROR_OUT_OF_DEVICE_MEMORY|Ran out of memory in memory space hbm"
-        r"|RESOURCE_EXHAUSTED: (?:Error allocating|Attempting to (?:allocate|reserve))"
+        r"|RESOURCE_EXHAUSTED: .*(?:Error allocating|Attempting to (?:allocate|reserve)|Ran out of memory in memory space)"
         r"|hipErrorOutOfMemory|cudaErrorMemoryAllocation|out of memory trying to allocate",
         "out_of_memory",
         seen="torch CUDA/HIP/XPU allocators (all versions), XLA on TPU, Level Zero on XPU",
@@ -203,6 +203,12 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         "bad_arguments",
+        r"torch\.\w+ is not supported for quantization method \w+",
+        "dtype_for_quantization",
+        seen="0.4-0.32 quantization configs' get_supported_act_dtypes check",
+    ),
+    Rule(
+        "bad_arguments",
         r"Quantization method specified in the model config \(\w+\) does not match",
         "quantization_mismatch",
         seen="0.4-0.32 vllm/config (_verify_quantization)",
@@ -219,6 +225,12 @@ RULES: tuple[Rule, ...] = (
         r"must be divisible by (?:the )?(?:tensor|pipeline) parallel size|is not divisible by (?:tensor|tp)",
         "divisible",
         seen="several versions and quantized layers",
+    ),
+    Rule(
+        "tensor_parallel",
+        r"^AssertionError: \d+ is not divisible by \d+",
+        "divisible",
+        seen="vllm/distributed/utils.py divide() (all versions)",
     ),
     Rule(
         "tensor_parallel",
@@ -248,20 +260,33 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "quantization_unsupported",
         r"\S+ quantization is currently not supported in (?:ROCm|XPU|TPU|CPU|HPU)"
-        r"|is not supported for quantization method|Minimum capability: \d+\. Current capability: \d+",
+        r"|Quantization scheme is not supported for|Min(?:imum)? capability: \d+\W+Current capability: \d+",
         seen="several versions and platforms",
+    ),
+    Rule(
+        "quantization_unsupported",
+        r"type fp8e4nv not supported in this architecture",
+        "fp8_type",
+        seen="triton on GPUs older than Ada (fp8 checkpoints, or an fp8 KV cache: the builder tells which)",
     ),
     # --- the Hub -----------------------------------------------------------------------------------
     Rule(
         "gated_repo",
         r"You are trying to access a gated repo|Cannot access gated repo for url|is a gated repository\. Make sure"
-        r"|GatedRepoError|Please enable access to public gated repositories",
+        r"|GatedRepoError|Please enable access to public gated repositories"
+        r"|403 Client Error: Forbidden for url: https?://huggingface\.co/",
         seen="transformers utils/hub.py, huggingface_hub errors (all versions)",
     ),
     Rule("gated_repo", r"Access to model \S+ is restricted", seen="huggingface_hub utils/_http.py"),
     Rule(
+        "gated_repo",
+        r"No supported config format found in \S+",
+        "no_config",
+        seen="0.7-0.9 vllm/transformers_utils/config.py: config.json unreadable, typically a gated repo without a token",
+    ),
+    Rule(
         "revision_not_found",
-        r"is not a valid git identifier|Revision Not Found for url|RevisionNotFoundError",
+        r"is not a valid git identifier|Revision Not Found for url|RevisionNotFoundError|has no revision: \S+",
         seen="transformers utils/hub.py, huggingface_hub errors",
     ),
     Rule(
@@ -284,6 +309,12 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         "model_path_missing",
+        r"Incorrect path_or_model_id: '[^']*'",
+        "path_or_model_id",
+        seen="transformers utils/hub.py cached_files (4.4x): a path or id that is neither",
+    ),
+    Rule(
+        "model_path_missing",
         r"^(?:huggingface_hub\.errors\.)?(?:Repo id must be in the form 'repo_name' or 'namespace/repo_name'"
         r"|Repo id must use alphanumeric chars)",
         seen="the same validator, printed without its class",
@@ -291,7 +322,8 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "offline_not_cached",
         r"(?:Cannot find an appropriate cached snapshot folder for the specified revision on the local disk"
-        r"|Cannot find the requested files in the (?:disk )?cache) and outgoing traffic has been disabled",
+        r"|Cannot find the requested files in the (?:disk )?cache) and outgoing traffic has been disabled"
+        r"|OfflineModeIsEnabled|offline mode is enabled\. To disable it",
         seen="huggingface_hub _snapshot_download.py, file_download.py",
     ),
     Rule(
@@ -301,6 +333,13 @@ RULES: tuple[Rule, ...] = (
         seen="transformers utils/hub.py, huggingface_hub (all versions)",
     ),
     Rule("unauthorized", r"Invalid credentials in Authorization header|Invalid user token", seen="huggingface_hub"),
+    Rule(
+        "unauthorized",
+        r"invalid header '?Authorization|Invalid (?:leading whitespace|return character).* in header value"
+        r"|Illegal header value b?'Bearer",
+        "token_format",
+        seen="HTTP clients refusing a token with a newline or spaces (requests, h11, Rust clients)",
+    ),
     Rule("unauthorized", r"401 Client Error|'401 Unauthorized'", weak=True, seen="huggingface_hub raise_for_status"),
     # --- the model's code ------------------------------------------------------------------------
     Rule(
@@ -312,7 +351,7 @@ RULES: tuple[Rule, ...] = (
     Rule("unsupported_architecture", r"Model architecture \S+ is not supported in-tree anymore", seen="0.32 registry.py"),
     Rule(
         "unsupported_architecture",
-        r"has model type `[^`]+` but Transformers does not recognize this architecture",
+        r"has model type `?[\w.-]+`? but Transformers does not recognize this architecture",
         seen="transformers configuration_auto.py",
     ),
     Rule(
@@ -332,7 +371,7 @@ RULES: tuple[Rule, ...] = (
     # pydantic's wrapper of any validator's ValueError: last, so the wrapped wording names the cause first.
     Rule(
         "bad_arguments",
-        r"^Value error, .*\[type=value_error",
+        r"^Value error, ",
         "value_error",
         seen="0.10-0.32 pydantic validators on vllm/config dataclasses",
     ),
@@ -440,8 +479,9 @@ class Hit:
     match: re.Match[str]
 
 
-# A joined pair is tried only when the first line is long enough to have been hard-wrapped.
-_WRAP_MIN_CHARS = 40
+# Joins are tried only from a line long enough to have been wrapped, over at most this many lines.
+_WRAP_MIN_CHARS = 20
+_WRAP_MAX_LINES = 4
 
 
 def find_hits(lines: Sequence[str]) -> list[Hit]:
@@ -449,15 +489,26 @@ def find_hits(lines: Sequence[str]) -> list[Hit]:
     hits: list[Hit] = []
     for index, line in enumerate(lines):
         hit = _match(index, line, len(line))
-        if hit is None and len(line) >= _WRAP_MIN_CHARS and index + 1 < len(lines) and lines[index + 1]:
-            following = lines[index + 1]
-            for joined in (line + following, line + " " + following):
-                hit = _match(index, joined, len(line))
-                if hit is not None:
-                    break
+        if hit is None and len(line) >= _WRAP_MIN_CHARS:
+            hit = _match_wrapped(lines, index)
         if hit is not None:
             hits.append(hit)
     return hits
+
+
+def _match_wrapped(lines: Sequence[str], index: int) -> Hit | None:
+    """A wording hard-wrapped over the next lines (at a space, or mid-word)."""
+    own = len(lines[index])
+    spaced = glued = lines[index]
+    for following in lines[index + 1 : index + _WRAP_MAX_LINES]:
+        if not following:
+            return None
+        spaced, glued = f"{spaced} {following}", glued + following
+        for joined in (glued, spaced):
+            hit = _match(index, joined, own)
+            if hit is not None:
+                return hit
+    return None
 
 
 def root_hit(line: str) -> Hit | None:

@@ -319,9 +319,10 @@ def _bad_arguments(ctx: Context) -> Diagnosis:
             flags = [word for word in args.split() if word.startswith("-")]
             found = {_variable_for_flag(flag, ctx.env) for flag in flags}
             sources = sorted(name for name in found if name is not None)
-            if not sources and env_value(ctx.env, _EXTRA_ARGS) is not None:
+            if not sources:
+                # The worker itself passes only flags vLLM 0.32 knows: the rest came in VLLM_EXTRA_ARGS.
                 sources = [_EXTRA_ARGS]
-            where = " and ".join(sources) if sources else "the variable that sets them"
+            where = " and ".join(sources)
             cause = f"vLLM 0.32 does not recognize the argument(s) {args}"
             fixes = [f"remove or respell them in {where} (`vllm serve --help` lists the flags)"]
             variable, value = (sources[0] if sources else None), args
@@ -346,7 +347,7 @@ def _bad_arguments(ctx: Context) -> Diagnosis:
             variable=variable,
             value=value,
         )
-    if hit.rule.detail in ("value_error", "config_value", "quantization_mismatch"):
+    if hit.rule.detail in ("value_error", "config_value", "quantization_mismatch", "dtype_for_quantization"):
         return _config_value(ctx, hit)
     # pydantic field constraint: "<field>\n  Input should ... [type=..., input_value=V, ...]"
     problems: list[str] = []
@@ -425,11 +426,35 @@ def _repo_not_found(ctx: Context) -> Diagnosis:
 
 
 def _gated_repo(ctx: Context) -> Diagnosis:
+    if ctx.hits[-1].rule.detail == "no_config":
+        return _no_config(ctx)
     return _hub(
         ctx,
         "gated_repo",
         [r"Access to model (\S+) is restricted", r"access to it at https?://huggingface\.co/([^\s'\"]+)", r"(\S+) is a gated repository"],
         lambda repo, variable: gated_repo_message(repo, variable, ctx.token_set),
+    )
+
+
+def _no_config(ctx: Context) -> Diagnosis:
+    """vLLM could not read config.json at all: a gated repository read without access, most often."""
+    m = ctx.search(r"No supported config format found in (\S+)")
+    repo = (m.group(1).rstrip(".") if m else None) or ctx.model or "(unknown)"
+    variable = _repo_variable(ctx, repo)
+    token = "HF_TOKEN has no access to it" if ctx.token_set else "HF_TOKEN is not set"
+    message = (
+        f"vLLM could not read the config.json of {variable}={repo!r}: most often the repository is gated and "
+        f"{token}. To fix: accept the model's terms at https://huggingface.co/{repo} and set HF_TOKEN to a read "
+        f"token of that account; if the repository is not gated, check the name and that it holds a config.json."
+    )
+    return Diagnosis(
+        kind="gated_repo",
+        message=message + tried_sentence(ctx.tried),
+        evidence=evidence_of(ctx.hits[-1].line),
+        detail="no_config",
+        variable=variable,
+        value=repo,
+        repo=repo,
     )
 
 
@@ -443,9 +468,21 @@ def _model_variable(ctx: Context, reference: str) -> str:
 
 def _model_path_missing(ctx: Context) -> Diagnosis:
     hit = ctx.hits[-1]
-    m = re.search(r"'([^']*)'\.?(?: Use `repo_type` argument if needed\.)?\s*$", hit.line)
+    m = re.search(r"path_or_model_id: '([^']*)'", hit.line) or re.search(
+        r"'([^']*)'\.?(?: Use `repo_type` argument if needed\.)?\s*$", hit.line
+    )
     reference = m.group(1) if m else ctx.model or "(unknown)"
     variable = _model_variable(ctx, reference)
+    if hit.rule.detail == "path_or_model_id" and not looks_like_path(reference):
+        # A well-formed id that could not be fetched, or nothing at all.
+        return Diagnosis(
+            kind="repo_not_found",
+            message=repo_not_found_message(reference, variable) + tried_sentence(ctx.tried),
+            evidence=evidence_of(hit.line),
+            variable=variable,
+            value=reference,
+            repo=reference,
+        )
     if looks_like_path(reference):
         message = model_path_missing_message(reference, variable)
     else:
@@ -486,6 +523,15 @@ def _offline_not_cached(ctx: Context) -> Diagnosis:
 
 
 def _unauthorized(ctx: Context) -> Diagnosis:
+    if ctx.hits[-1].rule.detail == "token_format":
+        cause = "HF_TOKEN is not a valid HTTP header value: it contains a newline, a space or quotes"
+        return Diagnosis(
+            kind="unauthorized",
+            message=compose(cause, ctx.tried, ["set HF_TOKEN to the token alone (hf_...), with nothing around it"]),
+            evidence=evidence_of(ctx.hits[-1].line),
+            detail="token_format",
+            variable="HF_TOKEN",
+        )
     return _hub(
         ctx,
         "unauthorized",
@@ -536,7 +582,8 @@ def _unsupported_architecture(ctx: Context) -> Diagnosis:
     m = re.search(r"Model architectures? \[?([^\]]+?)\]? (?:are|is) not supported for now", line)
     until = re.search(r"Model architecture (\S+) was supported in vLLM until (v[\w.]+)", line)
     plugin = re.search(r"Model architecture (\S+) is not supported in-tree anymore\. Please install the plugin at (\S+?) if", line)
-    model_type = re.search(r"has model type `([^`]+)` but Transformers does not recognize", line)
+    model_type = re.search(r"has model type `?([\w.-]+)`? but Transformers does not recognize", line, re.IGNORECASE)
+    no_impl = re.search(r"(\S+) has no vLLM implementation", line)
     if until:
         value = until.group(1)
         cause = f"{subject} uses the architecture {value}, which vLLM removed after {until.group(2)}"
@@ -553,14 +600,14 @@ def _unsupported_architecture(ctx: Context) -> Diagnosis:
         )
         fixes = [f"choose a model with an architecture vLLM 0.32 supports ({SUPPORTED_MODELS_URL})"]
     else:
-        value = m.group(1).replace("'", "") if m else "(unknown)"
+        value = m.group(1).replace("'", "") if m else no_impl.group(1) if no_impl else "(unknown)"
         cause = f"{subject} uses the architecture {value}, which vLLM 0.32 does not support"
         fixes = [f"choose a model with a supported architecture ({SUPPORTED_MODELS_URL})"]
     return Diagnosis(
         kind="unsupported_architecture",
-        message=compose(cause, ctx.tried, fixes),
+        message=compose(cause, ctx.tried, [f"set MODEL_NAME to another model: {fixes[0][0].lower()}{fixes[0][1:]}"]),
         evidence=evidence_of(line),
-        variable="MODEL_NAME" if ctx.model else None,
+        variable="MODEL_NAME",
         value=value,
     )
 
@@ -649,11 +696,15 @@ def _config_value(ctx: Context, hit: Hit) -> Diagnosis:
         variable = field_line.split(".")[-1].upper()
     if hit.rule.detail == "quantization_mismatch":
         variable = "QUANTIZATION"
+    if hit.rule.detail == "dtype_for_quantization":
+        variable = "DTYPE"
     variable = variable or _variable_in(reason)
     value = env_value(ctx.env, variable) if variable else None
     shown = f"{variable}={value!r}" if variable and value is not None else (variable or "a setting")
     cause = f"vLLM rejected {shown}: {evidence_of(reason).rstrip('.')}"
-    if hit.rule.detail == "quantization_mismatch":
+    if hit.rule.detail == "dtype_for_quantization":
+        fixes = ["set DTYPE to one the quantization supports (DTYPE=half for float16)"]
+    elif hit.rule.detail == "quantization_mismatch":
         fixes = ["unset QUANTIZATION so vLLM reads the method from the checkpoint, or set it to the checkpoint's method"]
     elif variable:
         fixes = [f"correct {variable} or unset it"]
@@ -732,8 +783,21 @@ def _dtype_unsupported(ctx: Context) -> Diagnosis:
     )
 
 
+_KV_FP8 = r"reshape_and_cache|kv_cache_dtype[=:'\" ]+fp8|KV_CACHE_DTYPE=fp8|--kv-cache-dtype[= ]fp8"
+
+
 def _quantization_unsupported(ctx: Context) -> Diagnosis:
     hit = ctx.hits[-1]
+    kv_fp8 = (env_value(ctx.env, "KV_CACHE_DTYPE") or "").lower().startswith("fp8")
+    if hit.rule.detail == "fp8_type" and (kv_fp8 or ctx.search(_KV_FP8)):
+        cause = "This GPU cannot store the KV cache in fp8 (its Triton kernels support fp8e4nv from Ada/Hopper on)"
+        return Diagnosis(
+            kind="dtype_unsupported",
+            message=compose(cause, ctx.tried, ["unset KV_CACHE_DTYPE (or set it to auto)", "or choose an Ada or Hopper GPU"]),
+            evidence=evidence_of(hit.line),
+            variable="KV_CACHE_DTYPE",
+            value=env_value(ctx.env, "KV_CACHE_DTYPE"),
+        )
     method = ctx.search(r"quantization method (\S+) is not supported for the current GPU")
     caps = ctx.search(r"Minimum capability: (\d+)\.? Current capability: (\d+)")
     setting = env_value(ctx.env, "QUANTIZATION")
@@ -747,12 +811,15 @@ def _quantization_unsupported(ctx: Context) -> Diagnosis:
     fixes = []
     if setting:
         fixes.append(f"unset QUANTIZATION (now {setting}) if the checkpoint is not quantized that way")
-    fixes.append("choose a GPU that supports it, or a checkpoint in another quantization (AWQ or GPTQ run on older GPUs)")
+    fixes.append(
+        "choose a GPU that supports it, or set MODEL_NAME to a checkpoint in another quantization "
+        "(AWQ or GPTQ run on older GPUs)"
+    )
     return Diagnosis(
         kind="quantization_unsupported",
         message=compose(cause, ctx.tried, fixes),
         evidence=evidence_of(hit.line),
-        variable="QUANTIZATION" if setting else ("MODEL_NAME" if ctx.model else "QUANTIZATION"),
+        variable="QUANTIZATION" if setting else "MODEL_NAME",
         value=setting or ctx.model,
     )
 
@@ -762,8 +829,18 @@ def _quantization_unsupported(ctx: Context) -> Diagnosis:
 
 def _hub_unreachable(ctx: Context) -> Diagnosis:
     said = ctx.search(r"non-default args: \{.*?'model': '([^']+)'")
-    repo = ctx.model or (said.group(1) if said else None) or "(unknown)"
+    named = ctx.search(r"it looks like (\S+) is not the path to a directory")
+    repo = ctx.model or (named.group(1) if named else None) or (said.group(1) if said else None) or "(unknown)"
     variable = _model_variable(ctx, repo)
+    if looks_like_path(repo) or (named and "/" not in repo):
+        # Not a Hub id (owner/name): a local directory that is not there, which no download can fix.
+        return Diagnosis(
+            kind="model_path_missing",
+            message=model_path_missing_message(repo, variable) + tried_sentence(ctx.tried),
+            evidence=evidence_of(ctx.hits[-1].line),
+            variable=variable,
+            value=repo,
+        )
     return Diagnosis(
         kind="hub_unreachable",
         message=hub_unreachable_message(repo, variable) + tried_sentence(ctx.tried),
