@@ -33,7 +33,7 @@ class Rule:
     case-insensitively; a plain space in it matches any run of whitespace. detail: which
     wording, where the message depends on it. weak: names the cause only when no other rule
     matched (a 401 line is also part of a gated-repo chain). seen: versions and sources.
-    scope: "any" line, or only the "root" exception line.
+    scope: "any" line, or only the "root" exception line. tier: 0, or 1 for the machine's faults.
     """
 
     kind: str
@@ -44,6 +44,9 @@ class Rule:
     # "root": matched only against vLLM's root exception line (see `root_error`), for causes whose
     # words also appear in harmless warnings of a good start (an ImportError caught and logged).
     scope: str = "any"
+    # 1: a fault of the machine; names the cause only when no tier-0 rule matched (an NCCL error in
+    # one rank after an out-of-memory in another is the out-of-memory's echo).
+    tier: int = 0
 
     @cached_property
     def regex(self) -> re.Pattern[str]:
@@ -236,7 +239,9 @@ RULES: tuple[Rule, ...] = (
         "tensor_parallel",
         r"number of required GPUs exceeds the total number of available GPUs"
         r"|World size \(\d+\) is larger than the number of available GPUs"
-        r"|tensor_parallel_size \(\d+\) (?:is larger than|exceeds) the number of (?:available )?GPUs",
+        r"|tensor_parallel_size \(\d+\) (?:is larger than|exceeds) the number of (?:available )?GPUs"
+        r"|(?:Tensor|Pipeline) parallel size \(\d+\) cannot be larger than the number of available GPUs"
+        r"|caused by too large tensor parallel size",
         "gpus",
         seen="0.4-0.32 ray and multiprocessing executors",
     ),
@@ -260,7 +265,10 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "quantization_unsupported",
         r"\S+ quantization is currently not supported in (?:ROCm|XPU|TPU|CPU|HPU)"
-        r"|Quantization scheme is not supported for|Min(?:imum)? capability: \d+\W+Current capability: \d+",
+        r"|Quantization scheme is not supported for|Min(?:imum)? capability: \d+\W+Current capability: \d+"
+        r"|_scaled_mm is only supported on|No compressed-tensors compatible scheme was found"
+        r"|quantization (?:method )?\S+ is not supported (?:on|for) (?:the )?(?:CPU|XPU|TPU|HPU|ROCm|current platform)"
+        r"|float8_e4m3fn\S* (?:is )?(?:not|only) supported",
         seen="several versions and platforms",
     ),
     Rule(
@@ -329,6 +337,9 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "hub_unreachable",
         r"We couldn't connect to '?https?://huggingface\.co'? to load (?:this file|the files)"
+        r"|Connection error, and we cannot find the requested files in the cached path"
+        r"|We have no connection or you passed local_files_only"
+        r"|(?:NameResolutionError|Temporary failure in name resolution|Failed to resolve|ConnectError|ReadTimeout).*(?:huggingface|hf\.co)"
         r"|(?:MaxRetryError|ConnectionError|ConnectTimeout).*huggingface\.co|LocalEntryNotFoundError: (?:An error happened|Connection error)",
         seen="transformers utils/hub.py, huggingface_hub (all versions)",
     ),
@@ -379,9 +390,9 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "host_fault",
         r"NCCL error|ncclInternalError|ncclUnhandledCudaError|ncclSystemError|ncclRemoteError|NCCL WARN"
-        r"|DistBackendError",
+        r"|DistBackendError|Watchdog caught collective operation timeout|NCCL communicator was aborted",
         "nccl",
-        scope="root",
+        tier=1,
         seen="torch.distributed / NCCL (all versions)",
     ),
     Rule(
@@ -390,9 +401,12 @@ RULES: tuple[Rule, ...] = (
         r"|CUDA driver version is insufficient|No CUDA GPUs are available|no CUDA-capable device is detected"
         r"|CUDA error: system not yet initialized|cudaErrorSystemNotReady|Failed to infer device type"
         r"|Failed to initialize NVML|NVML_SUCCESS == r INTERNAL ASSERT FAILED|forward compatibility was attempted"
-        r"|cudaErrorNoDevice|cudaErrorInsufficientDriver|No HIP GPUs are available|hipErrorNoDevice",
+        r"|cudaErrorNoDevice|cudaErrorInsufficientDriver|No HIP GPUs are available|hipErrorNoDevice"
+        r"|CUDA driver initialization failed|Unexpected error from cudaGetDeviceCount|CUDA unknown error"
+        r"|DeferredCudaCallError|NVMLError|AmdSmi\w*Exception|AMDSMI_STATUS_|No supported device detected"
+        r"|No (?:CUDA|ROCm|XPU|TPU|HPU|NPU)[- ]capable device|Failed to get global TPU topology|Device acquire failed",
         "driver",
-        scope="root",
+        tier=1,
         seen="torch CUDA init, NVML, vLLM platform detection (all versions)",
     ),
     Rule(
@@ -400,10 +414,27 @@ RULES: tuple[Rule, ...] = (
         r"uncorrectable ECC error|an illegal memory access was encountered|unspecified launch failure"
         r"|device\(s\) is/are busy or unavailable|cudaErrorDevicesUnavailable|cudaErrorECCUncorrectable"
         r"|CUDA error: (?:misaligned address|an illegal instruction|unknown error|launch failure)"
-        r"|GPU is lost|hipErrorIllegalAddress|HSA_STATUS_ERROR",
+        r"|GPU is lost|has fallen off the bus|hipErrorIllegalAddress|HSA_STATUS_ERROR|is_gds_supported\(\d+\) failed"
+        r"|UR_RESULT_ERROR_DEVICE_LOST|cudaErrorLaunchFailure|DEVICE_LOST"
+        r"|(?:CUDA|HIP) error: (?!out of memory)[a-z]",
         "device",
-        scope="root",
+        tier=1,
         seen="CUDA/HIP runtime errors of a failing or busy device",
+    ),
+    Rule(
+        "host_fault",
+        r"no kernel image is available for execution on the device|no binary for gpu|hipErrorNoBinaryForGpu"
+        r"|sm_\d+ is not compatible with the current PyTorch installation",
+        "arch",
+        seen="CUDA/HIP binaries not built for this GPU's architecture (a newer or older card than the image's)",
+        tier=1,
+    ),
+    Rule(
+        "host_fault",
+        r"\bIllegal instruction\b(?: +\(core dumped\))?|SIGILL",
+        "cpu",
+        seen="a CPU without an instruction set the engine was built for (AVX-512 on the CPU backend)",
+        tier=1,
     ),
     # --- the image's software ------------------------------------------------------------------------
     Rule(

@@ -115,8 +115,8 @@ def diagnose(
     env = dict(env or {})
     lines = clean_lines(output)
     hits = find_hits(lines)
-    strong = [hit for hit in hits if not hit.rule.weak]
-    chosen: list[Hit] = strong
+    chosen: list[Hit] = [hit for hit in hits if not hit.rule.weak and hit.rule.tier == 0]
+    chosen = chosen or [hit for hit in hits if hit.rule.tier == 1]
     if not chosen:
         root = root_error(lines)
         hit = root_hit(root) if root is not None else None
@@ -896,6 +896,8 @@ _HOST_WHAT = {
     "nccl": "the GPUs' communication library (NCCL)",
     "driver": "the GPU driver or CUDA setup of this machine",
     "device": "this machine's GPU",
+    "arch": "this GPU's support: the engine's kernels were not built for its architecture",
+    "cpu": "this machine's CPU: it lacks an instruction set the engine was built for",
 }
 
 
@@ -909,6 +911,8 @@ def _host_fault(ctx: Context) -> Diagnosis:
         "terminate this worker (the endpoint's Workers tab) so the platform starts a fresh one, usually on "
         "another machine",
     ]
+    if detail == "arch":
+        fixes.append("choose a GPU type this image supports (the worker's image supports Ampere, Ada and Hopper cards)")
     if detail == "driver":
         fixes.append("if it happens on every machine, allow only CUDA versions this image supports in the endpoint's settings")
     if detail == "nccl" and (env_int(ctx.env, "TENSOR_PARALLEL_SIZE") or 1) > 1:
