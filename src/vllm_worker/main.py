@@ -30,9 +30,10 @@ import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence, cast
 
-from vllm_worker import args_builder, capacity, gpu_memory, handler, recovery, startup_errors
+from vllm_worker import args_builder, capacity, gpu_memory, handler, model_cache, recovery, runpod_glue, startup_errors
 from vllm_worker import settings as settings_mod
 from vllm_worker.engine import Engine, command_problem, health_url
 
@@ -51,6 +52,8 @@ class StartupOutcome:
     capacity: str | None = None
     capacity_plan: dict[str, Any] = field(default_factory=dict)
     launch_env: dict[str, str] = field(default_factory=dict)  # the configuration that became ready
+    model_cache: dict[str, str] | None = None  # the on-disk snapshot served, when one was
+    warnings: list[str] = field(default_factory=list)  # the launch configuration's warnings, for the status job
 
 
 class Supervisor:
@@ -153,6 +156,8 @@ def start_engine(
         outcome.served_model_name = built.served_model_name
         for warning in built.warnings:
             log.warning(warning)
+            if warning not in outcome.warnings:
+                outcome.warnings.append(warning)
         unstartable = command_problem(built.argv, built.engine_env)
         if unstartable is not None:
             outcome.fatal = startup_errors.engine_command_failure(settings.vllm_command, unstartable).message
@@ -445,32 +450,19 @@ class EngineMonitor:
         self.state.status = status
 
 
-def _serve(state: handler.WorkerState, settings: settings_mod.Settings | None, supervisor: Supervisor | None) -> None:
+def _serve(state: handler.WorkerState, settings: settings_mod.Settings | None, supervisor: Supervisor | None) -> int:
+    """Answer jobs: the SDK's job loop (or local API), or one local test job; returns the exit code."""
     import runpod
-    from runpod.serverless.modules import rp_scale
 
     handler.configure(state)
-    if supervisor is not None:
-        original = rp_scale.JobScaler.handle_shutdown
-
-        def handle_shutdown(self: Any, signum: int, frame: Any) -> None:
-            # Stop the engine at once, in a thread so the job loop can wind down meanwhile.
-            threading.Thread(target=supervisor.stop, name="engine-stop").start()
-            original(self, signum, frame)
-
-        rp_scale.JobScaler.handle_shutdown = handle_shutdown  # type: ignore[method-assign]
-
-    original_run = rp_scale.JobScaler.run
-
-    async def run_then_close(self: Any) -> None:
-        try:
-            await original_run(self)
-        finally:
-            # Inside the SDK's loop, before asyncio.run closes it: no "Unclosed client session" at exit.
-            await handler.close_session()
-
-    rp_scale.JobScaler.run = run_then_close  # type: ignore[method-assign]
-
+    try:
+        job = runpod_glue.local_test_input(sys.argv[1:], os.environ, Path.cwd())
+    except runpod_glue.LocalTestError as error:
+        log.error("%s", error)
+        return 2
+    if job is not None:
+        return runpod_glue.local_test(handler.handler, job, handler.close_session)
+    runpod_glue.patch_job_loop(supervisor.stop if supervisor is not None else None, handler.close_session)
     concurrency = settings.max_concurrency if settings else 1
     runpod.serverless.start(
         {
@@ -479,6 +471,7 @@ def _serve(state: handler.WorkerState, settings: settings_mod.Settings | None, s
             "return_aggregate_stream": True,
         }
     )
+    return 0
 
 
 def run(env: Mapping[str, str] | None = None) -> int:
@@ -495,8 +488,7 @@ def run(env: Mapping[str, str] | None = None) -> int:
     except settings_mod.SettingsError as exc:
         log.error("%s Answering every job with this.", exc)
         sdk_import.join()
-        _serve(handler.WorkerState(fatal=str(exc)), None, None)
-        return 0
+        return _serve(handler.WorkerState(fatal=str(exc)), None, None)
 
     supervisor = Supervisor(settings)
     owner = os.getpid()
@@ -540,6 +532,8 @@ def run(env: Mapping[str, str] | None = None) -> int:
                 "capacity_plan": outcome.capacity_plan,
                 "restarts": 0,
                 "fatal": outcome.fatal,
+                "model_cache": outcome.model_cache,
+                "warnings": outcome.warnings,
             },
         )
         if outcome.fatal:
@@ -552,8 +546,7 @@ def run(env: Mapping[str, str] | None = None) -> int:
                 supervisor, settings, state, outcome.launch_env, outcome.launches, memory_waiter(settings)
             ).start(outcome.engine)
         sdk_import.join()
-        _serve(state, settings, supervisor)
-        return 0
+        return _serve(state, settings, supervisor)
     finally:
         supervisor.stop()
 
@@ -592,13 +585,22 @@ def _cpu_brand() -> dict[str, str]:
 def _startup(env: dict[str, str], settings: settings_mod.Settings, supervisor: Supervisor) -> StartupOutcome:
     from vllm_worker import preflight
 
+    cached = model_cache.lookup(env)
+    facts: capacity.ModelFacts | None = None
+    if cached is not None:
+        log.info("%s", cached.log_line())
+        env = model_cache.offline_env(env, cached)
+        try:
+            facts = capacity.facts_from_folder(cached.snapshot)
+        except capacity.CapacityError as error:
+            log.info("capacity plan: the cached snapshot's config could not be read (%s)", error)
     # The safetensors counts ride on the one metadata call, for the capacity plan.
     result = preflight.run(env, expand=["safetensors"])  # it logs its own transient warnings
     if result.skipped_reason:
         log.info("pre-flight skipped: %s", result.skipped_reason)
     if not result.ok:
         log.error("pre-flight: %s", result.message)
-        return StartupOutcome(fatal=result.message)
+        return StartupOutcome(fatal=result.message, model_cache=cached.status() if cached else None)
 
     devices = gpu_memory.probe(env, cast(gpu_memory.Platform, settings.engine_device))
     on_cpu = bool(devices) and devices[0].kind == "cpu"
@@ -610,17 +612,20 @@ def _startup(env: dict[str, str], settings: settings_mod.Settings, supervisor: S
         device_name=devices[0].name if devices else None,
         platform="cpu" if on_cpu else "cuda",
         safetensors_parameters=result.model_info_summary.safetensors_parameters if result.model_info_summary else None,
+        facts=facts,
     )
     log.info("%s", plan.log_line)
     for warning in plan.warnings:
         log.warning("%s", warning)
     if plan.fatal_message:
-        return StartupOutcome(fatal=plan.fatal_message)
+        return StartupOutcome(fatal=plan.fatal_message, model_cache=cached.status() if cached else None)
 
     waiter = memory_waiter(settings)
     if waiter is None:
         log.info("GPU_MEMORY_WAIT=false: every launch starts without waiting for memory")
-    return start_engine(env, settings, supervisor, waiter, plan, total)
+    outcome = start_engine(env, settings, supervisor, waiter, plan, total)
+    outcome.model_cache = cached.status() if cached else None
+    return outcome
 
 
 def memory_waiter(settings: settings_mod.Settings) -> Callable[[Mapping[str, str]], str | None] | None:

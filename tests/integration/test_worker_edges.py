@@ -98,7 +98,7 @@ def test_a_line_of_megabytes_does_not_stall_the_worker(cp: ControlPlane, tmp_pat
     error, worker = answer(env_with(engine_script(tmp_path, body)), cp, tmp_path)
     assert error.startswith("vLLM failed to start: RuntimeError: boom after a long line (exit code 1)")
     # The log holds the line cut, not 8 MiB of it.
-    assert len(worker.output()) < 2**20
+    assert len(worker.log()) < 2**20
 
 
 def test_an_engine_that_closes_its_output_and_hangs_is_answered_at_the_startup_timeout(
