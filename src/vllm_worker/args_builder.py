@@ -1,12 +1,24 @@
 """Turn the worker's environment into the `vllm serve` command line.
 
-Users configure vLLM only through environment variables, so each supported flag
-is listed here under the UPPER_SNAKE form of its vLLM 0.32 name, with how the
-flag is spelled on the command line (its *kind*). The table is hand-written on
-purpose: a generic "any variable that looks like a flag" scan would pass stray
-platform variables to vLLM and put HF_TOKEN on a command line that is logged.
-`tests/engine/test_flag_table.py` checks every entry against vLLM 0.32's real
-parser, so a renamed or removed flag fails a test instead of a user's startup.
+Users configure vLLM only through environment variables, so every `vllm serve` option
+of vLLM 0.32 is settable by the UPPER_SNAKE form of its name (MAX_NUM_SEQS ->
+--max-num-seqs). What the options are, how each is spelled on a command line (its
+*kind*) and which values each takes come from src/vllm_worker/vllm_flags.json, which
+scripts/gen_flag_table.py reads from vLLM's own parser; tests/engine/test_flag_table.py
+fails when the installed vLLM no longer matches it.
+
+Three kinds of name are not passed on although vLLM has the option (`NOT_FROM_ENV`):
+options the worker owns (--host, --port, --model, --config), ones that would cut the
+worker off from the engine (--headless, --api-key, TLS) and ordinary environment
+variables that happen to spell an option (MASTER_ADDR, LOG_LEVEL). HF_TOKEN reaches
+vLLM only through the child's environment (huggingface_hub reads it there); `mask()`
+keeps it and any other secret out of logged commands.
+
+Values are checked before launch against what vLLM's parser and config fields reject
+for every model (types, choices, bounds: `flag_messages`), so MAX_NUM_SEQS=abc is
+answered in milliseconds instead of after vLLM's ~12 s import; the engine stays the
+judge of everything else. A variable that looks like an option but is not one
+(MAX_NUM_SEQ) draws a warning naming the closest name the worker reads.
 
 Variables that older workers accepted but vLLM 0.32 no longer knows are kept as
 kind "removed": they are dropped with a warning that names the replacement,
@@ -18,212 +30,71 @@ passes the smallest multiple of 8 that is >= MAX_CONCURRENCY, because vLLM's own
 default (256, or 1024 on 70 GiB+ cards) costs minutes of CUDA-graph capture and
 activation memory for batch sizes the worker never sends.
 
-HF_TOKEN reaches vLLM only through the child's environment (huggingface_hub
-reads it there); `mask()` keeps it and any other secret out of logged commands.
-
 `build_args` is pure: it returns warnings instead of logging them.
 """
 
 from __future__ import annotations
 
+import difflib
+import json
 import os
 import re
 import shlex
 from dataclasses import dataclass, field
-from typing import Iterable, Literal, Mapping, Sequence
+from importlib import resources
+from typing import Any, Iterable, Literal, Mapping, Sequence
 
-from vllm_worker.settings import Settings, multiple_of_8_at_least
+from vllm_worker import flag_messages
+from vllm_worker.settings import DOCUMENTED, Settings, multiple_of_8_at_least
 
-Kind = Literal["value", "list", "pair", "store_true", "removed"]
-# value:      `--flag VALUE`
-# list:       `--flag V1 V2 ...` (nargs="+"): the variable is split like shell words,
-#             unless it starts with '{' or '[' (one JSON argument)
+Kind = Literal["value", "optional_value", "list", "append", "pair", "store_true", "removed"]
+# value:      `--flag VALUE` (optional_value: the same; vLLM also takes the bare flag)
+# list:       `--flag V1 V2 ...` (nargs="+"): the variable is split like shell words; a JSON
+#             array gives one argument per element, a JSON object is one argument
+# append:     `--flag V1 --flag V2`: the variable is split like shell words
 # pair:       argparse BooleanOptionalAction: true -> `--flag`, false -> `--no-flag`
 # store_true: true -> `--flag`, false -> nothing
 # removed:    gone from vLLM 0.32: warn and drop (see REMOVED_NOTES)
 
-# Grouped as vLLM 0.32 groups them in `vllm serve --help`; argv follows this order.
-FLAGS: dict[str, Kind] = {
-    # ModelConfig
-    "RUNNER": "value",
-    "CONVERT": "value",
-    "TOKENIZER": "value",
-    "TOKENIZER_MODE": "value",
-    "TRUST_REMOTE_CODE": "pair",
-    "DTYPE": "value",
-    "SEED": "value",
-    "HF_CONFIG_PATH": "value",
-    "ALLOWED_LOCAL_MEDIA_PATH": "value",
-    "ALLOWED_MEDIA_DOMAINS": "list",
-    "REVISION": "value",
-    "CODE_REVISION": "value",
-    "TOKENIZER_REVISION": "value",
-    "MAX_MODEL_LEN": "value",
-    "QUANTIZATION": "value",
-    "QUANTIZATION_CONFIG": "value",
-    "ALLOW_DEPRECATED_QUANTIZATION": "pair",
-    "ENFORCE_EAGER": "pair",
-    "MAX_LOGPROBS": "value",
-    "LOGPROBS_MODE": "value",
-    "DISABLE_SLIDING_WINDOW": "pair",
-    "DISABLE_CASCADE_ATTN": "pair",
-    "SKIP_TOKENIZER_INIT": "pair",
-    "ENABLE_PROMPT_EMBEDS": "pair",
-    "SERVED_MODEL_NAME": "list",
-    "CONFIG_FORMAT": "value",
-    "HF_OVERRIDES": "value",
-    "POOLER_CONFIG": "value",
-    "GENERATION_CONFIG": "value",
-    "OVERRIDE_GENERATION_CONFIG": "value",
-    "MODEL_IMPL": "value",
-    "LOGITS_PROCESSORS": "list",
-    # LoadConfig
-    "LOAD_FORMAT": "value",
-    "DOWNLOAD_DIR": "value",
-    "SAFETENSORS_LOAD_STRATEGY": "value",
-    "MODEL_LOADER_EXTRA_CONFIG": "value",
-    "IGNORE_PATTERNS": "list",
-    "USE_TQDM_ON_LOAD": "pair",
-    # AttentionConfig
-    "ATTENTION_BACKEND": "value",
-    # StructuredOutputsConfig / reasoning
-    "REASONING_PARSER": "value",
-    "REASONING_PARSER_PLUGIN": "value",
-    "STRUCTURED_OUTPUTS_CONFIG": "value",
-    # ParallelConfig
-    "DISTRIBUTED_EXECUTOR_BACKEND": "value",
-    "PIPELINE_PARALLEL_SIZE": "value",
-    "TENSOR_PARALLEL_SIZE": "value",
-    "DATA_PARALLEL_SIZE": "value",
-    "ENABLE_EXPERT_PARALLEL": "pair",
-    "ENABLE_EPLB": "pair",
-    "EPLB_CONFIG": "value",
-    "MAX_PARALLEL_LOADING_WORKERS": "value",
-    "DISABLE_CUSTOM_ALL_REDUCE": "pair",
-    # CacheConfig
-    "BLOCK_SIZE": "value",
-    "GPU_MEMORY_UTILIZATION": "value",
-    "KV_CACHE_MEMORY_BYTES": "value",
-    "KV_CACHE_DTYPE": "value",
-    "NUM_GPU_BLOCKS_OVERRIDE": "value",
-    "ENABLE_PREFIX_CACHING": "pair",
-    "PREFIX_CACHING_HASH_ALGO": "value",
-    "KV_OFFLOADING_SIZE": "value",
-    "KV_OFFLOADING_BACKEND": "value",
-    # OffloadConfig
-    "CPU_OFFLOAD_GB": "value",
-    # MultiModalConfig
-    "LANGUAGE_MODEL_ONLY": "pair",
-    "LIMIT_MM_PER_PROMPT": "value",
-    "MEDIA_IO_KWARGS": "value",
-    "MM_PROCESSOR_KWARGS": "value",
-    "MM_PROCESSOR_CACHE_GB": "value",
-    "MM_ENCODER_TP_MODE": "value",
-    "SKIP_MM_PROFILING": "pair",
-    # LoRAConfig
-    "ENABLE_LORA": "pair",
-    "MAX_LORAS": "value",
-    "MAX_LORA_RANK": "value",
-    "LORA_DTYPE": "value",
-    "MAX_CPU_LORAS": "value",
-    "FULLY_SHARDED_LORAS": "pair",
-    "DEFAULT_MM_LORAS": "value",
-    # ObservabilityConfig
-    "OTLP_TRACES_ENDPOINT": "value",
-    # SchedulerConfig
-    "MAX_NUM_BATCHED_TOKENS": "value",
-    "MAX_NUM_SEQS": "value",
-    "LONG_PREFILL_TOKEN_THRESHOLD": "value",
-    "SCHEDULING_POLICY": "value",
-    "ENABLE_CHUNKED_PREFILL": "pair",
-    "DISABLE_HYBRID_KV_CACHE_MANAGER": "pair",
-    "ASYNC_SCHEDULING": "pair",
-    "STREAM_INTERVAL": "value",
-    # CompilationConfig
-    "COMPILATION_CONFIG": "value",
-    "CUDAGRAPH_CAPTURE_SIZES": "list",
-    "MAX_CUDAGRAPH_CAPTURE_SIZE": "value",
-    "OPTIMIZATION_LEVEL": "value",
-    # SpeculativeConfig
-    "SPECULATIVE_CONFIG": "value",
-    "SPEC_METHOD": "value",
-    "SPEC_MODEL": "value",
-    "SPEC_TOKENS": "value",
-    # VllmConfig / AsyncEngineArgs
-    "DISABLE_LOG_STATS": "store_true",
-    "ENABLE_LOG_REQUESTS": "pair",
-    # Frontend
-    "LORA_MODULES": "list",
-    "CHAT_TEMPLATE": "value",
-    "CHAT_TEMPLATE_CONTENT_FORMAT": "value",
-    "TRUST_REQUEST_CHAT_TEMPLATE": "pair",
-    "DEFAULT_CHAT_TEMPLATE_KWARGS": "value",
-    "RESPONSE_ROLE": "value",
-    "RETURN_TOKENS_AS_TOKEN_IDS": "pair",
-    "ENABLE_AUTO_TOOL_CHOICE": "pair",
-    "EXCLUDE_TOOLS_WHEN_TOOL_CHOICE_NONE": "pair",
-    "TOOL_CALL_PARSER": "value",
-    "TOOL_PARSER_PLUGIN": "value",
-    "MAX_LOG_LEN": "value",
-    "ENABLE_PROMPT_TOKENS_DETAILS": "pair",
-    "ENABLE_FORCE_INCLUDE_USAGE": "pair",
-    "ENABLE_LOG_OUTPUTS": "pair",
-    "UVICORN_LOG_LEVEL": "value",
-    "DISABLE_UVICORN_ACCESS_LOG": "pair",
-    # Removed upstream: set by templates of older workers.
-    "DISABLE_LOG_REQUESTS": "removed",
-    "SWAP_SPACE": "removed",
-    "PREEMPTION_MODE": "removed",
-    "USE_V2_BLOCK_MANAGER": "removed",
-    "NUM_SCHEDULER_STEPS": "removed",
-    "SCHEDULER_DELAY_FACTOR": "removed",
-    "MAX_NUM_PARTIAL_PREFILLS": "removed",
-    "MAX_LONG_PARTIAL_PREFILLS": "removed",
-    "MAX_SEQ_LEN_TO_CAPTURE": "removed",
-    "MAX_CONTEXT_LEN_TO_CAPTURE": "removed",
-    "CUDA_GRAPH_SIZES": "removed",
-    "DISABLE_FRONTEND_MULTIPROCESSING": "removed",
-    "WORKER_USE_RAY": "removed",
-    "TOKENIZER_POOL_SIZE": "removed",
-    "TOKENIZER_POOL_TYPE": "removed",
-    "TOKENIZER_POOL_EXTRA_CONFIG": "removed",
-    "ROPE_SCALING": "removed",
-    "ROPE_THETA": "removed",
-    "QUANTIZATION_PARAM_PATH": "removed",
-    "CALCULATE_KV_SCALES": "removed",
-    "OVERRIDE_ATTENTION_DTYPE": "removed",
-    "TASK": "removed",
-    "OVERRIDE_POOLER_CONFIG": "removed",
-    "GUIDED_DECODING_BACKEND": "removed",
-    "GUIDED_DECODING_DISABLE_FALLBACK": "removed",
-    "GUIDED_DECODING_DISABLE_ANY_WHITESPACE": "removed",
-    "GUIDED_DECODING_DISABLE_ADDITIONAL_PROPERTIES": "removed",
-    "LOGITS_PROCESSOR_PATTERN": "removed",
-    "DISABLE_MM_PREPROCESSOR_CACHE": "removed",
-    "ENABLE_MULTIMODAL_ENCODER_DATA_PARALLEL": "removed",
-    "ENABLE_PROMPT_ADAPTER": "removed",
-    "MAX_PROMPT_ADAPTERS": "removed",
-    "MAX_PROMPT_ADAPTER_TOKEN": "removed",
-    "ENABLE_LORA_BIAS": "removed",
-    "LORA_EXTRA_VOCAB_SIZE": "removed",
-    "LONG_LORA_SCALING_FACTORS": "removed",
-    "QLORA_ADAPTER_NAME_OR_PATH": "removed",
-    "NUM_LOOKAHEAD_SLOTS": "removed",
-    "SPECULATIVE_MODEL": "removed",
-    "NUM_SPECULATIVE_TOKENS": "removed",
-    "SPECULATIVE_DRAFT_TENSOR_PARALLEL_SIZE": "removed",
-    "SPECULATIVE_MAX_MODEL_LEN": "removed",
-    "SPECULATIVE_DISABLE_BY_BATCH_SIZE": "removed",
-    "NGRAM_PROMPT_LOOKUP_MAX": "removed",
-    "NGRAM_PROMPT_LOOKUP_MIN": "removed",
-    "SPEC_DECODING_ACCEPTANCE_METHOD": "removed",
-    "TYPICAL_ACCEPTANCE_SAMPLER_POSTERIOR_THRESHOLD": "removed",
-    "TYPICAL_ACCEPTANCE_SAMPLER_POSTERIOR_ALPHA": "removed",
-    "DISABLE_LOGPROBS_DURING_SPEC_DECODING": "removed",
-    "NUM_REDUNDANT_EXPERTS": "removed",
-    "EPLB_WINDOW_SIZE": "removed",
-    "EPLB_STEP_INTERVAL": "removed",
-    "EPLB_LOG_BALANCEDNESS": "removed",
+TABLE_FILE = "vllm_flags.json"
+
+
+def load_table() -> dict[str, Any]:
+    """vLLM 0.32's `vllm serve` options as scripts/gen_flag_table.py wrote them (package data)."""
+    text = resources.files("vllm_worker").joinpath(TABLE_FILE).read_text(encoding="utf-8")
+    return json.loads(text)
+
+
+TABLE = load_table()
+# UPPER_SNAKE name -> the option's entry, in the order of vLLM's parser (the argv order).
+OPTIONS: dict[str, dict[str, Any]] = TABLE["options"]
+
+_PLAIN_HTTP = "the worker talks to vLLM over plain HTTP on 127.0.0.1"
+# vLLM options never set from a variable of the same name. A reason makes setting one a
+# warning; None marks an ordinary variable that merely spells an option (ignored quietly:
+# torch.distributed launchers and many images set these for their own use).
+NOT_FROM_ENV: dict[str, str | None] = {
+    "HOST": None,
+    "PORT": None,
+    "MODEL": None,
+    "CONFIG": None,
+    "LOG_LEVEL": None,
+    "MASTER_ADDR": None,
+    "MASTER_PORT": None,
+    "NODE_RANK": None,
+    "NNODES": None,
+    "HF_TOKEN": None,  # read by huggingface_hub in the engine's environment, never put on its command line
+    "UDS": "the worker connects to vLLM over TCP on VLLM_PORT",
+    "API_KEY": "the worker calls vLLM on 127.0.0.1 without a key; Runpod already authenticates callers",
+    "HEADLESS": "--headless starts no API server for the worker to call",
+    "GRPC": "--grpc replaces the HTTP API the worker calls",
+    "TOKENS_ONLY": "--tokens-only disables the OpenAI endpoints the worker calls",
+    "SSL_KEYFILE": _PLAIN_HTTP,
+    "SSL_CERTFILE": _PLAIN_HTTP,
+    "SSL_CA_CERTS": _PLAIN_HTTP,
+    "SSL_CERT_REQS": _PLAIN_HTTP,
+    "SSL_CIPHERS": _PLAIN_HTTP,
+    "ENABLE_SSL_REFRESH": _PLAIN_HTTP,
 }
 
 _SPEC = "set it inside SPECULATIVE_CONFIG (or use SPEC_METHOD, SPEC_MODEL and SPEC_TOKENS)"
@@ -288,11 +159,18 @@ REMOVED_NOTES: dict[str, str] = {
     "EPLB_LOG_BALANCEDNESS": _EPLB,
 }
 
-# Worker-documented names for flags whose UPPER_SNAKE name is less obvious.
+# Worker-documented names for flags whose UPPER_SNAKE name is less obvious, and the names of
+# vLLM's own second spellings (--device-memory-utilization for --gpu-memory-utilization).
 # Both spellings work; setting both to different values is an error.
 ALIASES: dict[str, str] = {
     "MODEL_REVISION": "REVISION",
     "TOKENIZER_NAME": "TOKENIZER",
+    **{
+        alias[2:].replace("-", "_").upper(): name
+        for name, option in OPTIONS.items()
+        if name not in NOT_FROM_ENV
+        for alias in option.get("aliases", ())
+    },
 }
 
 # Names from older workers: the current name wins, and using one draws a warning.
@@ -315,16 +193,49 @@ ZERO_MEANS_UNSET: frozenset[str] = frozenset(
     }
 )
 
-# Short spellings vLLM accepts for table flags, so VLLM_EXTRA_ARGS overrides are noticed.
-SHORT_OPTIONS: dict[str, str] = {
-    "-tp": "--tensor-parallel-size",
-    "-pp": "--pipeline-parallel-size",
-    "-dp": "--data-parallel-size",
-    "-ep": "--enable-expert-parallel",
-    "-q": "--quantization",
-    "-sc": "--speculative-config",
-    "-cc": "--compilation-config",
+# What each variable the worker turns into flags does: live options in vLLM's parser order
+# (the argv order), then the removed ones.
+FLAGS: dict[str, Kind] = {
+    **{name: option["kind"] for name, option in OPTIONS.items() if name not in NOT_FROM_ENV},
+    **{name: "removed" for name in REMOVED_NOTES},
 }
+
+# Other spellings vLLM accepts (-tp, -q, --device-memory-utilization, ...), so VLLM_EXTRA_ARGS
+# overrides are noticed.
+SHORT_OPTIONS: dict[str, str] = {
+    short: option["flag"] for option in OPTIONS.values() for short in option.get("short", ())
+}
+LONG_ALIASES: dict[str, str] = {
+    alias: option["flag"] for option in OPTIONS.values() for alias in option.get("aliases", ())
+}
+
+CONFIG_FILE = "VLLM_CONFIG_FILE"
+CONFIG_FILE_ACCEPTED = "the path of a YAML file, whose name vLLM requires to end in .yaml or .yml"
+
+# Variables the worker itself reads beside its settings (settings.DOCUMENTED) and the flags.
+WORKER_VARIABLES: frozenset[str] = frozenset(
+    {"MODEL_NAME", "BAKED_MODEL_PATH", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "VLLM_EXTRA_ARGS", CONFIG_FILE,
+     "MODEL_CONFIG", "CPU_VISIBLE_MEMORY_NODES"}
+)
+
+# Environment names that are nobody's typo: the look-alike check leaves them alone.
+_ORDINARY_NAMES = frozenset(
+    {"PATH", "HOME", "HOSTNAME", "PWD", "OLDPWD", "SHELL", "USER", "LOGNAME", "TERM", "LANG", "LANGUAGE", "TZ",
+     "SHLVL", "MAIL", "DISPLAY", "EDITOR", "PAGER", "TMPDIR", "TEMP", "TMP", "PS1", "CI", "DO_NOT_TRACK",
+     "DEBIAN_FRONTEND", "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "PUBLIC_KEY", "MAX_JOBS",
+     "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "ALL_PROXY", "LIBRARY_PATH", "CPATH", "MANPATH", "INFOPATH"}
+)
+_ORDINARY_PREFIXES = (
+    "CUDA_", "NVIDIA_", "NV_", "NCCL_", "CUDNN_", "CUBLAS", "RUNPOD_", "HF_", "HUGGING_FACE_", "HUGGINGFACE_",
+    "TRANSFORMERS_", "TOKENIZERS_", "TORCH", "PYTORCH_", "TRITON_", "VLLM_", "PYTHON", "PIP_", "UV_", "LC_", "LD_",
+    "XDG_", "SSL_", "OMP_", "MKL_", "KMP_", "OPENBLAS_", "GOMP_", "AWS_", "GOOGLE_", "GCP_", "AZURE_", "CLOUDSDK_",
+    "KUBERNETES_", "DOCKER_", "GIT_", "CONDA_", "NPM_", "NODE_", "JAVA_", "OTEL_", "SSH_", "GRPC_", "REQUESTS_",
+    "CURL_", "NIX_", "RAY_", "NUMBA_", "JUPYTER_", "PYENV_", "VIRTUAL_ENV", "RUST", "CARGO_", "GPG_", "DBUS_",
+    "TERM_", "HIST", "DD_", "SENTRY_", "PROMETHEUS_", "MAMBA_ROOT", "MAMBA_EXE", "OPENAI_", "ANTHROPIC_",
+)
+# How close (difflib ratio) an unknown name must be to a known one to be called a look-alike:
+# MAX_NUM_SEQ/MAX_NUM_SEQS is 0.96, MAX_MODEL_LENGTH/MAX_MODEL_LEN 0.90, TENSOR_PARALLEL/...SIZE 0.86.
+LOOKALIKE_CUTOFF = 0.85
 
 # Flags the worker owns: the engine must listen where the worker connects, and the
 # model comes from MODEL_NAME. Anything else in VLLM_EXTRA_ARGS is the user's call.
@@ -417,18 +328,30 @@ def _split_words(variable: str, value: str, env: Mapping[str, str]) -> list[str]
 
 
 def _list_values(variable: str, value: str, env: Mapping[str, str]) -> list[str]:
-    if value[0] in "{[":
+    """One argument per shell word, or per element of a JSON array; a JSON object is one argument."""
+    if value[0] == "{":
         return [value]
+    if value[0] == "[":
+        try:
+            items = json.loads(value)
+        except ValueError:
+            items = None  # not JSON: a glob such as '[0-9]*.bin' is a shell word
+        if isinstance(items, list):
+            return [item if isinstance(item, str) else json.dumps(item) for item in items]
     return _split_words(variable, value, env)
 
 
-def _resolve(env: Mapping[str, str], warnings: list[str]) -> dict[str, str]:
-    """Table name -> value, after aliases; raises ArgsError on conflicting spellings."""
+def _resolve(env: Mapping[str, str], warnings: list[str]) -> tuple[dict[str, str], dict[str, str]]:
+    """Table name -> value, and table name -> the variable that set it, after aliases.
+
+    Raises ArgsError on conflicting spellings.
+    """
     values: dict[str, str] = {}
+    sources: dict[str, str] = {}
     for name in FLAGS:
         value = _get(env, name)
         if value is not None:
-            values[name] = value
+            values[name], sources[name] = value, name
     for alias, name in ALIASES.items():
         value = _get(env, alias)
         if value is None:
@@ -440,6 +363,7 @@ def _resolve(env: Mapping[str, str], warnings: list[str]) -> dict[str, str]:
                 f"it disagrees with {alias}={value!r}, which sets the same vLLM flag; set only one of them",
             )
         values[name] = value
+        sources.setdefault(name, alias)
     for legacy, name in LEGACY_ALIASES.items():
         value = _get(env, legacy)
         if value is None:
@@ -448,8 +372,8 @@ def _resolve(env: Mapping[str, str], warnings: list[str]) -> dict[str, str]:
             warnings.append(f"{legacy} is deprecated and ignored because {name} is also set; remove {legacy}.")
         else:
             warnings.append(f"{legacy} is deprecated; use {name} instead (its value is used this time).")
-            values[name] = value
-    return values
+            values[name], sources[name] = value, legacy
+    return values, sources
 
 
 def _extra_args(env: Mapping[str, str]) -> list[str]:
@@ -469,11 +393,91 @@ def _flags_in(words: Iterable[str]) -> set[str]:
     flags: set[str] = set()
     for word in words:
         if word.startswith("--") and len(word) > 2:
-            name = word[2:].split("=", 1)[0].split(".", 1)[0].replace("_", "-")
-            flags.add("--" + name)
+            flag = "--" + word[2:].split("=", 1)[0].split(".", 1)[0].replace("_", "-")
+            flags.add(LONG_ALIASES.get(flag, flag))
         elif word in SHORT_OPTIONS:
             flags.add(SHORT_OPTIONS[word])
+        elif word.startswith("-O") and word != "-O":  # vLLM reads -O3 as --optimization-level 3
+            flags.add("--optimization-level")
     return flags
+
+
+def _config_file(env: Mapping[str, str], extra_flags: set[str]) -> list[str]:
+    """`--config FILE` for VLLM_CONFIG_FILE (the name Runpod's worker documents)."""
+    path = _get(env, CONFIG_FILE)
+    if path is None:
+        return []
+    if path.split(".")[-1] not in ("yaml", "yml"):  # vLLM refuses any other name with a traceback
+        raise ArgsError(CONFIG_FILE, path, CONFIG_FILE_ACCEPTED,
+                        message=flag_messages.invalid_value(CONFIG_FILE, path, "--config", CONFIG_FILE_ACCEPTED))
+    if "--config" in extra_flags:
+        raise ArgsError(CONFIG_FILE, path, f"{EXTRA_ARGS} passes --config too, and vLLM reads only one config "
+                        f"file; remove one of them")
+    # vLLM requires `--config` and the path as two arguments, and puts the file's settings
+    # before the command line's, so every variable still overrides the file.
+    return ["--config", path]
+
+
+def _checked(source: str, option: Mapping[str, Any], items: list[str], value: str, env: Mapping[str, str]) -> None:
+    """ArgsError when vLLM's parser or its config would refuse these argument(s)."""
+    accepted = flag_messages.problem(option, items)
+    if accepted is None:
+        return
+    shown = _mask_text(value, _secret_values(env))
+    flag = option["flag"]
+    raise ArgsError(source, shown, f"{flag} takes {accepted}",
+                    message=flag_messages.invalid_value(source, shown, flag, accepted))
+
+
+def _option_args(name: str, kind: Kind, value: str, source: str, env: Mapping[str, str]) -> list[str]:
+    """The arguments one table variable becomes (checked as vLLM would check them)."""
+    option = OPTIONS[name]
+    flag = option["flag"]
+    if kind == "pair":
+        return [flag if parse_bool(source, value) else "--no-" + flag[2:]]
+    if kind == "store_true":
+        return [flag] if parse_bool(source, value) else []
+    if kind == "list":
+        items = _list_values(source, value, env)
+        _checked(source, option, items, value, env)
+        return [flag, *items]
+    if kind == "append":
+        items = _split_words(source, value, env)
+        _checked(source, option, items, value, env)
+        return [arg for item in items for arg in (flag, item)]
+    _checked(source, option, [value], value, env)
+    return [f"{flag}={value}"] if value.startswith("-") else [flag, value]
+
+
+def lookalike_warnings(env: Mapping[str, str]) -> list[str]:
+    """Warnings for set variables that look like a name the worker reads but are none (MAX_NUM_SEQ).
+
+    Ordinary environment variables (PATH, CUDA_*, RUNPOD_*, HF_*, VLLM_*, ...) are left alone.
+    """
+    known = {*OPTIONS, *REMOVED_NOTES, *ALIASES, *LEGACY_ALIASES, *DOCUMENTED, *WORKER_VARIABLES}
+    flags = [name for name, kind in FLAGS.items() if kind != "removed"]
+    candidates = [*flags, *ALIASES, *DOCUMENTED, *sorted(WORKER_VARIABLES)]
+    warnings = []
+    for name in sorted(env):
+        if name in known or not env[name].strip():
+            continue
+        normalized = name.strip().upper().replace("-", "_")
+        if normalized != name:
+            close = [normalized] if normalized in candidates else []
+        elif name in _ORDINARY_NAMES or name.startswith(_ORDINARY_PREFIXES):
+            continue
+        else:
+            close = difflib.get_close_matches(name, candidates, n=1, cutoff=LOOKALIKE_CUTOFF)
+        if close:
+            match = close[0]
+            what = f"vLLM's {OPTIONS[match]['flag']}" if match in OPTIONS else "a worker setting"
+            if match in ALIASES:
+                what = f"vLLM's {OPTIONS[ALIASES[match]]['flag']}"
+            warnings.append(
+                f"{name} is set but is not a variable the worker reads, so it has no effect; "
+                f"did you mean {match} ({what})?"
+            )
+    return warnings
 
 
 def build_args(env: Mapping[str, str], settings: Settings) -> BuiltArgs:
@@ -491,9 +495,10 @@ def build_args(env: Mapping[str, str], settings: Settings) -> BuiltArgs:
     model = baked or model_name
     assert model is not None
 
-    values = _resolve(env, warnings)
+    values, sources = _resolve(env, warnings)
     extra = _extra_args(env)
     extra_flags = _flags_in(extra)
+    config = _config_file(env, extra_flags)
 
     if baked is not None:
         # The baked directory is the revision that was downloaded at build time.
@@ -504,40 +509,41 @@ def build_args(env: Mapping[str, str], settings: Settings) -> BuiltArgs:
             warnings.append(f"{', '.join(dropped)} ignored: the model is baked into the image at {baked}.")
         if "SERVED_MODEL_NAME" not in values and model_name is not None:
             # Clients keep asking for the Hub name, not the path inside the image.
-            values["SERVED_MODEL_NAME"] = model_name
+            values["SERVED_MODEL_NAME"], sources["SERVED_MODEL_NAME"] = model_name, "MODEL_NAME"
 
     for name in ZERO_MEANS_UNSET:
         if name in values and _is_zero(values[name]):
             del values[name]
-    if "MAX_NUM_SEQS" not in values and "--max-num-seqs" not in extra_flags:
+    # A config file may set max-num-seqs, and the command line would override it.
+    if "MAX_NUM_SEQS" not in values and "--max-num-seqs" not in extra_flags and not config:
         values["MAX_NUM_SEQS"] = str(multiple_of_8_at_least(settings.max_concurrency))
+        sources["MAX_NUM_SEQS"] = "MAX_CONCURRENCY"
 
-    argv = [*settings.vllm_command, model, "--host", settings.vllm_host, "--port", str(settings.vllm_port)]
+    for name, reason in NOT_FROM_ENV.items():
+        if reason is not None and _get(env, name) is not None:
+            warnings.append(f"{name} is not passed to vLLM as {OPTIONS[name]['flag']}: {reason}.")
+
+    argv = [*settings.vllm_command, model, "--host", settings.vllm_host, "--port", str(settings.vllm_port), *config]
     for name, kind in FLAGS.items():
         if name not in values:
             continue
         value = values[name]
-        flag = flag_for(name)
         if kind == "removed":
-            warnings.append(f"{name}={value!r} is ignored: vLLM 0.32 has no {flag} ({REMOVED_NOTES[name]}).")
+            warnings.append(f"{name}={value!r} is ignored: vLLM 0.32 has no {flag_for(name)} ({REMOVED_NOTES[name]}).")
             continue
+        flag = OPTIONS[name]["flag"]
+        source = sources.get(name, name)
         if flag in extra_flags or (kind == "pair" and "--no-" + flag[2:] in extra_flags):
-            warnings.append(f"{name} sets {flag}, but {EXTRA_ARGS} sets it too; the {EXTRA_ARGS} value wins.")
-        if kind == "pair":
-            argv.append(flag if parse_bool(name, value) else "--no-" + flag[2:])
-        elif kind == "store_true":
-            if parse_bool(name, value):
-                argv.append(flag)
-        elif kind == "list":
-            argv += [flag, *_list_values(name, value, env)]
-        elif value.startswith("-"):
-            argv.append(f"{flag}={value}")
-        else:
-            argv += [flag, value]
+            warnings.append(f"{source} sets {flag}, but {EXTRA_ARGS} sets it too; the {EXTRA_ARGS} value wins.")
+        argv += _option_args(name, kind, value, source, env)
+        note = OPTIONS[name].get("deprecated")
+        if note:
+            warnings.append(f"{source}: {note}")
     argv += extra
+    warnings += lookalike_warnings(env)
 
     served = values.get("SERVED_MODEL_NAME")
-    served_model_name = _list_values("SERVED_MODEL_NAME", served, env)[0] if served else model
+    served_model_name = ([*_list_values("SERVED_MODEL_NAME", served, env), model] if served else [model])[0]
     return BuiltArgs(argv=argv, served_model_name=served_model_name, engine_env=engine_env(env), warnings=warnings)
 
 

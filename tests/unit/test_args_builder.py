@@ -1,27 +1,37 @@
-"""env -> `vllm serve` argv: kinds, aliases, precedence, defaults and secrets."""
+"""env -> `vllm serve` argv: the flag table, kinds, aliases, precedence, defaults, value checks,
+look-alike warnings and secrets."""
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import shlex
+import tomllib
+from pathlib import Path
 
 import pytest
 
-from vllm_worker import args_builder
+from vllm_worker import args_builder, flag_messages
 from vllm_worker.args_builder import (
     ALIASES,
     FLAGS,
     LEGACY_ALIASES,
+    NOT_FROM_ENV,
+    OPTIONS,
     REMOVED_NOTES,
+    SHORT_OPTIONS,
+    WORKER_VARIABLES,
     ZERO_MEANS_UNSET,
     ArgsError,
     build_args,
     flag_for,
     is_true,
+    lookalike_warnings,
     mask,
     parse_bool,
 )
-from vllm_worker.settings import Settings, SettingsError, load
+from vllm_worker.settings import DOCUMENTED, Settings, SettingsError, load
 
 SETTINGS = Settings()
 TOKEN = "hf_AbCdEfGhIjKlMnOpQrStUvWxYz0123456789"
@@ -48,7 +58,7 @@ def without_default_seqs(argv: list[str]) -> list[str]:
 def test_table_names_are_upper_snake_and_kinds_known():
     for name, kind in FLAGS.items():
         assert re.fullmatch(r"[A-Z][A-Z0-9]*(_[A-Z0-9]+)*", name), name
-        assert kind in ("value", "list", "pair", "store_true", "removed"), (name, kind)
+        assert kind in ("value", "optional_value", "list", "append", "pair", "store_true", "removed"), (name, kind)
 
 
 def test_every_removed_entry_has_a_note_and_only_those():
@@ -197,7 +207,9 @@ def test_flags_follow_table_order_whatever_the_env_order():
     env_b = dict(reversed(list(env_a.items())))
     argv_a = build_args(env_a, SETTINGS).argv
     assert argv_a == build_args(env_b, SETTINGS).argv
-    positions = [argv_a.index(f) for f in ("--max-model-len", "--enforce-eager", "--tool-call-parser")]
+    order = list(FLAGS)
+    names = sorted(("TOOL_CALL_PARSER", "MAX_MODEL_LEN", "ENFORCE_EAGER"), key=order.index)
+    positions = [argv_a.index(flag_for(name)) for name in names]
     assert positions == sorted(positions)
 
 
@@ -443,3 +455,344 @@ def test_the_platforms_credentials_and_queue_urls_stay_out_of_the_engine_env():
     }
     built = build_args(env, SETTINGS)
     assert built.engine_env == {"MODEL_NAME": "org/model", "HF_TOKEN": TOKEN, "RUNPOD_POD_ID": "pod-1"}
+
+
+# --- the table is vLLM's parser, as data -----------------------------------------------
+
+KINDS = {"value", "optional_value", "list", "append", "pair", "store_true"}
+TYPES = {"int", "float", "str", "bool", "human_int", "human_int_or_auto", "json", "json_or_str", "json_config", "other"}
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_table_loads_with_every_serve_option():
+    assert args_builder.TABLE["vllm"].startswith("0.32")
+    assert len(OPTIONS) >= 250
+    for name, option in OPTIONS.items():
+        assert option["flag"] == flag_for(name), name
+        assert option["kind"] in KINDS, (name, option["kind"])
+        assert option["type"] in TYPES, (name, option["type"])
+        assert set(option.get("range", {})) <= {"ge", "gt", "le", "lt"}, name
+
+
+def test_the_table_is_package_data_so_an_installed_worker_finds_it():
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert args_builder.TABLE_FILE in pyproject["tool"]["setuptools"]["package-data"]["vllm_worker"]
+    assert (ROOT / "src" / "vllm_worker" / args_builder.TABLE_FILE).is_file()
+
+
+def test_options_the_old_hand_written_table_missed_are_settable():
+    built = build(KV_TRANSFER_CONFIG='{"kv_connector": "x"}', ENABLE_SLEEP_MODE="true", API_SERVER_COUNT="2",
+                  MAMBA_CACHE_DTYPE="float32")
+    rest = without_default_seqs(built.argv)
+    assert rest[rest.index("--kv-transfer-config") + 1] == '{"kv_connector": "x"}'
+    assert "--enable-sleep-mode" in rest
+    assert rest[rest.index("--api-server-count") + 1] == "2"
+    assert rest[rest.index("--mamba-cache-dtype") + 1] == "float32"
+
+
+def _sample(option: dict) -> str:
+    """A value the option takes, by its kind and type."""
+    if option["kind"] in ("pair", "store_true"):
+        return "true"
+    if "item_fields" in option:
+        return "a=org/a"
+    if option.get("choices"):
+        return str(option["choices"][0])
+    return {"int": "1", "float": "0.5", "human_int": "1", "human_int_or_auto": "1", "json": "{}",
+            "json_config": "{}"}.get(option["type"], "x")
+
+
+@pytest.mark.parametrize("name", [n for n, k in FLAGS.items() if k != "removed"])
+def test_every_option_is_set_by_its_upper_snake_name(name):
+    built = build(**{name: _sample(OPTIONS[name])})
+    assert flag_for(name) in built.argv or f"{flag_for(name)}=" in " ".join(built.argv)
+
+
+def test_vllms_second_spelling_of_an_option_is_an_alias():
+    assert ALIASES["DEVICE_MEMORY_UTILIZATION"] == "GPU_MEMORY_UTILIZATION"
+    built = build(DEVICE_MEMORY_UTILIZATION="0.8", VLLM_EXTRA_ARGS="--device-memory-utilization 0.7")
+    assert built.argv[built.argv.index("--gpu-memory-utilization") + 1] == "0.8"
+    assert built.warnings == ["DEVICE_MEMORY_UTILIZATION sets --gpu-memory-utilization, but VLLM_EXTRA_ARGS sets it too; "
+                              "the VLLM_EXTRA_ARGS value wins."]
+
+
+def test_removed_names_are_not_live_options():
+    assert set(REMOVED_NOTES).isdisjoint(OPTIONS)
+
+
+def test_names_kept_off_the_command_line_are_real_options():
+    assert set(NOT_FROM_ENV) <= set(OPTIONS)
+    for name in ("HOST", "PORT", "UDS", "MODEL", "CONFIG", "HF_TOKEN", "API_KEY", "HEADLESS"):
+        assert name in NOT_FROM_ENV and name not in FLAGS
+
+
+def test_every_secret_looking_option_is_kept_off_the_command_line():
+    valued = [name for name, option in OPTIONS.items() if option["kind"] not in ("pair", "store_true")]
+    secret = [name for name in valued if args_builder._is_secret_name(name)]
+    assert secret and set(secret) <= set(NOT_FROM_ENV)
+
+
+def test_worker_names_never_shadow_an_option():
+    for name in (*DOCUMENTED, *WORKER_VARIABLES, *ALIASES, *LEGACY_ALIASES):
+        assert name not in OPTIONS or name in NOT_FROM_ENV, name
+
+
+def test_short_options_come_from_the_table():
+    assert SHORT_OPTIONS["-tp"] == "--tensor-parallel-size"
+    assert SHORT_OPTIONS["-q"] == "--quantization"
+    assert all(flag in {o["flag"] for o in OPTIONS.values()} for flag in SHORT_OPTIONS.values())
+
+
+@pytest.mark.parametrize("name", ["HOST", "PORT", "MODEL", "CONFIG", "LOG_LEVEL", "MASTER_ADDR", "NODE_RANK"])
+def test_ordinary_variables_that_spell_an_option_are_ignored_quietly(name):
+    built = build(**{name: "info"})
+    assert built.argv[:7] == ["vllm", "serve", "org/model", "--host", "127.0.0.1", "--port", "8000"]
+    assert without_default_seqs(built.argv) == []
+    assert built.warnings == []
+
+
+@pytest.mark.parametrize("name", ["HEADLESS", "GRPC", "TOKENS_ONLY", "SSL_KEYFILE", "UDS", "API_KEY"])
+def test_options_that_cut_the_worker_off_are_dropped_with_a_warning(name):
+    built = build(**{name: "secret-looking-value-1"} if name != "API_KEY" else {name: "sk-abcdefgh"})
+    assert without_default_seqs(built.argv) == []
+    (warning,) = built.warnings
+    assert warning.startswith(f"{name} is not passed to vLLM as {flag_for(name)}: ")
+    assert "sk-abcdefgh" not in warning and "secret-looking-value-1" not in warning
+
+
+def test_a_deprecated_option_is_passed_with_its_note():
+    built = build(DISABLE_CASCADE_ATTN="true")
+    assert "--disable-cascade-attn" in built.argv
+    assert built.warnings == [f"DISABLE_CASCADE_ATTN: {OPTIONS['DISABLE_CASCADE_ATTN']['deprecated']}"]
+    assert "is deprecated" in built.warnings[0]
+
+
+def test_append_kind_repeats_the_flag():
+    built = build(MIDDLEWARE="a.b c.d")
+    assert without_default_seqs(built.argv) == ["--middleware", "a.b", "--middleware", "c.d"]
+
+
+def test_list_kind_takes_a_json_array_as_one_argument_per_element():
+    built = build(CUDAGRAPH_CAPTURE_SIZES="[1, 2, 4]", IGNORE_PATTERNS="[0-9]*.bin")
+    rest = without_default_seqs(built.argv)
+    assert rest[rest.index("--cudagraph-capture-sizes") + 1:][:3] == ["1", "2", "4"]
+    assert rest[rest.index("--ignore-patterns") + 1] == "[0-9]*.bin"  # not JSON: a shell word
+
+
+# --- values checked before launch -------------------------------------------------------
+
+REJECTED = {
+    "MAX_NUM_SEQS": ("abc", "--max-num-seqs takes a whole number (at least 1)"),
+    "GPU_MEMORY_UTILIZATION": ("1.5", "--gpu-memory-utilization takes a number (greater than 0 and at most 1)"),
+    "DTYPE": ("float13", "--dtype takes one of auto, bfloat16, float, float16, float32, half"),
+    "KV_CACHE_DTYPE": ("fp7", "--kv-cache-dtype takes one of auto, bfloat16, float16, fp8, "),
+    "TENSOR_PARALLEL_SIZE": ("0", "--tensor-parallel-size takes a whole number (at least 1)"),
+}
+
+
+@pytest.mark.parametrize("name", list(REJECTED))
+def test_bad_values_are_answered_naming_variable_value_and_what_is_accepted(name):
+    value, accepted = REJECTED[name]
+    with pytest.raises(ArgsError) as info:
+        build(**{name: value})
+    assert str(info.value).startswith(f"{name}={value!r} is not valid: {accepted}")
+    assert str(info.value).endswith(".")
+    assert (info.value.variable, info.value.value) == (name, value)
+    # The shape of every other bad-setting sentence.
+    assert str(info.value) == str(SettingsError(name, value, info.value.accepted))
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("MAX_NUM_SEQS", "64"), ("GPU_MEMORY_UTILIZATION", "1"), ("GPU_MEMORY_UTILIZATION", "0.95"), ("DTYPE", "half"),
+        ("KV_CACHE_DTYPE", "fp8"), ("TENSOR_PARALLEL_SIZE", "2"), ("MAX_MODEL_LEN", "auto"), ("MAX_MODEL_LEN", "32K"),
+        ("MAX_MODEL_LEN", "-1"), ("MAX_NUM_BATCHED_TOKENS", "8k"), ("MAX_NUM_BATCHED_TOKENS", "1.5k"),
+        ("QUANTIZATION", "None"), ("MOE_BACKEND", "Deep-Gemm"), ("MAX_LORA_RANK", "16"), ("SEED", "-1"),
+        ("SPECULATIVE_CONFIG", '{"method": "ngram", "num_speculative_tokens": 3}'),
+        ("COMPILATION_CONFIG", '{"max_cudagraph_capture_size": 8k}'), ("HF_OVERRIDES", "plain-string"),
+        ("MAX_LORAS", "0"),  # LoRAConfig is built only with ENABLE_LORA: vLLM takes it, so must the worker
+    ],
+)
+def test_values_vllm_takes_pass(name, value):
+    build(**{name: value})
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("MAX_MODEL_LEN", "1.5K"), ("MAX_MODEL_LEN", "-2"), ("MAX_NUM_BATCHED_TOKENS", "lots"), ("MAX_LORA_RANK", "17"),
+        ("WATERMARK", "1"), ("CPU_OFFLOAD_GB", "-1"), ("GPU_MEMORY_UTILIZATION", "nan"), ("MOE_BACKEND", "nope"),
+        ("SPECULATIVE_CONFIG", "{bad"), ("COMPILATION_CONFIG", "[1]"), ("ALLOWED_ORIGINS", "*"),
+        ("CUDAGRAPH_CAPTURE_SIZES", "1 2 x"), ("CUDAGRAPH_CAPTURE_SIZES", "[]"), ("SCHEDULING_POLICY", "FCFS"),
+    ],
+)
+def test_values_vllm_refuses_are_refused(name, value):
+    with pytest.raises(ArgsError) as info:
+        build(**{name: value})
+    assert info.value.variable == name
+    assert str(info.value).startswith(f"{name}={value!r} is not valid: {OPTIONS[name]['flag']} takes ")
+
+
+def test_a_rejected_value_names_the_variable_the_user_set():
+    with pytest.raises(ArgsError) as info:
+        build(Settings(), MAX_NUM_SEQS="0x10")
+    assert info.value.variable == "MAX_NUM_SEQS"
+
+
+def test_zero_still_means_unset_and_is_not_checked():
+    built = build(MAX_NUM_SEQS="0", MAX_NUM_BATCHED_TOKENS="0")
+    assert flags_after_port(built.argv) == ["--max-num-seqs", "32"]
+
+
+def test_a_rejected_value_keeps_secrets_out_of_the_message():
+    env = {"HF_TOKEN": TOKEN, "MODEL_LOADER_EXTRA_CONFIG": f'{{"token": "{TOKEN}",}}'}
+    with pytest.raises(ArgsError) as info:
+        build(**env)
+    assert TOKEN not in str(info.value) and TOKEN not in info.value.value
+    assert str(info.value).startswith("MODEL_LOADER_EXTRA_CONFIG=")
+
+
+def test_vllm_extra_args_are_left_to_the_engine():
+    built = build(VLLM_EXTRA_ARGS="--max-num-seqs abc --dtype float13")
+    assert built.argv[-4:] == ["--max-num-seqs", "abc", "--dtype", "float13"]
+
+
+def test_describe_and_invalid_value_share_one_sentence():
+    option = OPTIONS["GPU_MEMORY_UTILIZATION"]
+    assert flag_messages.describe(option) == "a number (greater than 0 and at most 1)"
+    assert flag_messages.invalid_value("GPU_MEMORY_UTILIZATION", "2", "--gpu-memory-utilization", "x") == (
+        "GPU_MEMORY_UTILIZATION='2' is not valid: --gpu-memory-utilization takes x."
+    )
+    assert flag_messages.problem(option, ["0.5"]) is None
+    assert flag_messages.problem(option, ["0"]) == flag_messages.describe(option)
+
+
+@pytest.mark.parametrize(("text", "number"), [("8k", 8000), ("8K", 8192), ("1.5k", 1500), ("2M", 2 * 2**20),
+                                             ("25.6k", 25600), (" 12 ", 12), ("1_000", 1000)])
+def test_human_readable_numbers(text, number):
+    assert flag_messages.human_int(text) == number
+
+
+@pytest.mark.parametrize("text", ["1.5K", "k", "8kb", "", "1e3"])
+def test_human_readable_numbers_refused(text):
+    with pytest.raises(ValueError):
+        flag_messages.human_int(text)
+
+
+# --- VLLM_CONFIG_FILE ---------------------------------------------------------------------
+
+
+def test_config_file_becomes_config_after_the_worker_owned_flags():
+    built = build(VLLM_CONFIG_FILE="/runpod-volume/serve.yaml", ENFORCE_EAGER="true")
+    assert built.argv[7:10] == ["--config", "/runpod-volume/serve.yaml", "--enforce-eager"]
+    assert built.warnings == []
+
+
+def test_config_file_keeps_its_own_max_num_seqs():
+    assert "--max-num-seqs" not in build(VLLM_CONFIG_FILE="c.yml").argv
+    built = build(VLLM_CONFIG_FILE="c.yml", MAX_NUM_SEQS="16")
+    assert built.argv[built.argv.index("--max-num-seqs") + 1] == "16"
+
+
+@pytest.mark.parametrize("path", ["/c.json", "/serve.yaml.bak", "config"])
+def test_config_file_must_be_yaml(path):
+    with pytest.raises(ArgsError) as info:
+        build(VLLM_CONFIG_FILE=path)
+    assert str(info.value) == (
+        f"VLLM_CONFIG_FILE={path!r} is not valid: --config takes the path of a YAML file, whose name vLLM "
+        f"requires to end in .yaml or .yml."
+    )
+
+
+def test_config_file_and_config_in_extra_args_conflict():
+    with pytest.raises(ArgsError) as info:
+        build(VLLM_CONFIG_FILE="/a.yaml", VLLM_EXTRA_ARGS="--config /b.yaml")
+    assert info.value.variable == "VLLM_CONFIG_FILE"
+    assert "reads only one config file" in str(info.value)
+
+
+# --- LORA_MODULES ---------------------------------------------------------------------------
+
+
+def test_lora_modules_json_array_becomes_one_argument_per_adapter():
+    adapters = [{"name": "x", "path": "org/adapter"}, {"name": "y", "path": "/loras/y", "base_model_name": "org/m"}]
+    built = build(LORA_MODULES=json.dumps(adapters))
+    rest = without_default_seqs(built.argv)
+    assert rest[0] == "--lora-modules"
+    assert [json.loads(arg) for arg in rest[1:]] == adapters
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        '[{"name": "x"}]',  # no path
+        '[{"name": "x", "path": "p", "rank": 8}]',  # a field vLLM's LoRAModulePath does not have
+        "[1]",  # not an object
+        "[]",
+        "org/adapter",  # neither name=path nor JSON
+        '{"path": "p"}',
+    ],
+)
+def test_lora_modules_vllm_would_refuse_are_refused(value):
+    with pytest.raises(ArgsError) as info:
+        build(LORA_MODULES=value)
+    assert info.value.variable == "LORA_MODULES"
+    assert '"name" and "path"' in str(info.value)
+
+
+# --- look-alikes ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "meant", "what"),
+    [
+        ("MAX_NUM_SEQ", "MAX_NUM_SEQS", "vLLM's --max-num-seqs"),
+        ("GPU_MEMORY_UTILISATION", "GPU_MEMORY_UTILIZATION", "vLLM's --gpu-memory-utilization"),
+        ("MAX_MODEL_LENGTH", "MAX_MODEL_LEN", "vLLM's --max-model-len"),
+        ("ENABLE_PREFIX_CACHE", "ENABLE_PREFIX_CACHING", "vLLM's --enable-prefix-caching"),
+        ("max_num_seqs", "MAX_NUM_SEQS", "vLLM's --max-num-seqs"),
+        ("max-model-len", "MAX_MODEL_LEN", "vLLM's --max-model-len"),
+        ("MAX_CONCURENCY", "MAX_CONCURRENCY", "a worker setting"),
+        ("MODEL_REVISON", "MODEL_REVISION", "vLLM's --revision"),
+    ],
+)
+def test_a_look_alike_is_warned_naming_the_closest_name(name, meant, what):
+    built = build(**{name: "s3cr3t-value"})
+    assert built.warnings == [
+        f"{name} is set but is not a variable the worker reads, so it has no effect; did you mean {meant} ({what})?"
+    ]
+    assert "s3cr3t-value" not in built.warnings[0]
+    assert "s3cr3t-value" not in built.argv
+
+
+# Variable names of real containers: this machine, Runpod's serverless and pod environments,
+# NVIDIA's CUDA images, the vLLM image, Hugging Face, torch.distributed launchers.
+ORDINARY_ENV = [
+    "PATH", "HOME", "HOSTNAME", "PWD", "SHELL", "TERM", "LANG", "LC_ALL", "TZ", "SHLVL", "DEBIAN_FRONTEND",
+    "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE", "PYTHONPATH", "PIP_NO_CACHE_DIR", "UV_SYSTEM_PYTHON",
+    "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "GIT_SSL_CAINFO", "AWS_CA_BUNDLE",
+    "NODE_EXTRA_CA_CERTS", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "no_proxy",
+    "CUDA_VERSION", "CUDA_HOME", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES",
+    "NVIDIA_REQUIRE_CUDA", "NV_CUDA_CUDART_VERSION", "NV_LIBNCCL_PACKAGE", "NCCL_VERSION", "NCCL_DEBUG",
+    "LD_LIBRARY_PATH", "LIBRARY_PATH", "TORCH_CUDA_ARCH_LIST", "PYTORCH_CUDA_ALLOC_CONF", "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS", "TOKENIZERS_PARALLELISM", "TRANSFORMERS_CACHE", "TRANSFORMERS_OFFLINE", "MAX_JOBS",
+    "HF_HOME", "HF_HUB_CACHE", "HF_HUB_OFFLINE", "HF_HUB_ENABLE_HF_TRANSFER", "HF_ENDPOINT", "HF_TOKEN",
+    "HUGGING_FACE_HUB_TOKEN", "VLLM_USAGE_SOURCE", "VLLM_WORKER_MULTIPROC_METHOD", "VLLM_LOGGING_LEVEL",
+    "VLLM_CONFIG_ROOT", "VLLM_CPU_KVCACHE_SPACE", "VLLM_USE_V1",
+    "RUNPOD_POD_ID", "RUNPOD_ENDPOINT_ID", "RUNPOD_GPU_COUNT", "RUNPOD_AI_API_KEY", "RUNPOD_WEBHOOK_GET_JOB",
+    "RUNPOD_LOG_LEVEL", "RUNPOD_DC_ID", "RUNPOD_POD_HOSTNAME", "PUBLIC_KEY", "JUPYTER_PASSWORD",
+    "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK", "NNODES", "PRIMARY_ADDR",
+    "HOST", "PORT", "MODEL", "CONFIG", "LOG_LEVEL", "CI", "DO_NOT_TRACK", "OPENAI_API_KEY",
+    "MODEL_NAME", "BAKED_MODEL_PATH", "VLLM_EXTRA_ARGS", "VLLM_CONFIG_FILE", "MODEL_REVISION", "TOKENIZER_NAME",
+    *DOCUMENTED,
+]
+
+
+def test_ordinary_environment_variables_draw_no_look_alike_warning():
+    env = {name: "1" for name in (*ORDINARY_ENV, *os.environ)}
+    assert lookalike_warnings(env) == []
+
+
+def test_unset_and_exact_names_draw_no_look_alike_warning():
+    assert lookalike_warnings({"MAX_NUM_SEQ": "  ", "MAX_NUM_SEQS": "8", "SWAP_SPACE": "4"}) == []
