@@ -250,11 +250,40 @@ def test_readme_parser_reads_the_documented_format() -> None:
     }
 
 
+# Documented for development and tests, kept off the Hub form on purpose: VLLM_PORT is the loopback
+# port between the worker and its own engine inside the container, which no client reaches, so a
+# Hub user can only break the hand-off by changing it; VLLM_COMMAND swaps the engine binary, which
+# the image fixes (the demo and the tests point it at .venv-engine's vllm).
+INTERNAL = {"VLLM_PORT", "VLLM_COMMAND"}
+
+
 def test_every_readme_variable_is_in_the_hub_form() -> None:
     rows = readme_rows()
     env = hub_env()
-    missing = sorted(name for name in rows if name not in env and name not in image_env_names())
+    missing = sorted(name for name in rows if name not in env and name not in image_env_names() and name not in INTERNAL)
     assert not missing, f"README documents variables the Hub form lacks: {missing}"
+
+
+def test_internal_knobs_are_documented_but_not_offered_on_the_form() -> None:
+    rows = readme_rows()
+    offered = sorted(INTERNAL & set(hub_env()))
+    assert not offered, f"hub.json offers internal knobs a Hub user should not set: {offered}"
+    assert INTERNAL <= set(rows), f"README's table lacks the internal knobs {sorted(INTERNAL - set(rows))}"
+
+
+def test_every_hub_input_is_documented_in_the_readme() -> None:
+    rows = readme_rows()
+    undocumented = sorted(key for key, entry in hub_env().items() if "input" in entry and key not in rows)
+    assert not undocumented, f"hub.json offers inputs README's table does not explain: {undocumented}"
+
+
+def test_lora_modules_example_is_the_json_array_form() -> None:
+    # The form's example is what Hub users copy: the JSON array of {"name", "path"} objects that
+    # Runpod's own vLLM worker documents.
+    description = hub_env()["LORA_MODULES"]["input"]["description"]
+    example = json.loads(description[description.index("[") : description.rindex("]") + 1])
+    assert isinstance(example, list) and example
+    assert all(set(item) == {"name", "path"} and REPO_ID.match(item["path"]) for item in example), example
 
 
 def test_readme_and_hub_defaults_agree() -> None:
