@@ -449,6 +449,20 @@ def _option_args(name: str, kind: Kind, value: str, source: str, env: Mapping[st
     return [f"{flag}={value}"] if value.startswith("-") else [flag, value]
 
 
+def option_for(flag_or_field: str) -> dict[str, Any] | None:
+    """The table entry for a flag vLLM named in an error (--max-num-seqs, -tp, --no-enforce-eager) or
+    for a config field it named (max_num_seqs, cache_config.block_size); None when it is no option."""
+    text = flag_or_field.strip()
+    if text in SHORT_OPTIONS:
+        text = SHORT_OPTIONS[text]
+    if text.startswith("-"):
+        text = LONG_ALIASES.get(text, text).lstrip("-")
+        if text.startswith("no-") and text[3:].replace("-", "_").upper() in OPTIONS:
+            text = text[3:]
+    name = text.split(".")[-1].replace("-", "_").upper()
+    return OPTIONS.get(name)
+
+
 def lookalike_warnings(env: Mapping[str, str]) -> list[str]:
     """Warnings for set variables that look like a name the worker reads but are none (MAX_NUM_SEQ).
 

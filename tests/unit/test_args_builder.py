@@ -4,7 +4,6 @@ look-alike warnings and secrets."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import shlex
 import tomllib
@@ -29,6 +28,7 @@ from vllm_worker.args_builder import (
     is_true,
     lookalike_warnings,
     mask,
+    option_for,
     parse_bool,
 )
 from vllm_worker.settings import DOCUMENTED, Settings, SettingsError, load
@@ -785,14 +785,33 @@ ORDINARY_ENV = [
     "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK", "NNODES", "PRIMARY_ADDR",
     "HOST", "PORT", "MODEL", "CONFIG", "LOG_LEVEL", "CI", "DO_NOT_TRACK", "OPENAI_API_KEY",
     "MODEL_NAME", "BAKED_MODEL_PATH", "VLLM_EXTRA_ARGS", "VLLM_CONFIG_FILE", "MODEL_REVISION", "TOKENIZER_NAME",
+    "GITHUB_ACTIONS", "RUNNER_OS", "RUNNER_TEMP", "RUNNER_ARCH", "RUNNER_NAME", "MAMBA_ROOT_PREFIX", "CONDA_PREFIX",
+    "VIRTUAL_ENV", "PYENV_ROOT", "CARGO_HOME", "RUSTUP_HOME", "GOPATH", "JAVA_HOME", "AWS_REGION",
     *DOCUMENTED,
 ]
 
 
 def test_ordinary_environment_variables_draw_no_look_alike_warning():
-    env = {name: "1" for name in (*ORDINARY_ENV, *os.environ)}
+    env = {name: "1" for name in ORDINARY_ENV}
     assert lookalike_warnings(env) == []
 
 
 def test_unset_and_exact_names_draw_no_look_alike_warning():
     assert lookalike_warnings({"MAX_NUM_SEQ": "  ", "MAX_NUM_SEQS": "8", "SWAP_SPACE": "4"}) == []
+
+
+# --- for startup_errors: the option vLLM names in its refusal ------------------------------
+
+
+@pytest.mark.parametrize(
+    ("said", "name"),
+    [("--max-num-seqs", "MAX_NUM_SEQS"), ("-tp", "TENSOR_PARALLEL_SIZE"), ("--no-enforce-eager", "ENFORCE_EAGER"),
+     ("gpu_memory_utilization", "GPU_MEMORY_UTILIZATION"), ("cache_config.block_size", "BLOCK_SIZE"),
+     ("--device-memory-utilization", "GPU_MEMORY_UTILIZATION")],
+)
+def test_option_for_what_vllm_names(said, name):
+    assert option_for(said) is OPTIONS[name]
+
+
+def test_option_for_something_that_is_no_option():
+    assert option_for("--no-such-flag") is None and option_for("model_config") is None
