@@ -7,8 +7,10 @@ Why it is shaped this way:
   turns an escaped exception into "handler: ... traceback ...", so every expected
   failure (bad input, engine down, timeout, HTTP error) is yielded as
   ``{"error": "<one sentence>"}`` and never raised.
-- vLLM already speaks OpenAI over HTTP; the handler only picks the route, fills the
-  model name, and relays the answer. Streams are relayed as whole SSE events (an
+- vLLM already speaks OpenAI over HTTP; job_input turns the job into a route and a
+  body, and the handler adds only what needs the engine (the context length a shorthand
+  job's max_tokens runs to, read once from /v1/models) and relays the answer. Audio goes
+  as multipart form data. Streams are relayed as whole SSE events (an
   event is never split across two yielded chunks) without parsing their JSON, so
   the proxy costs next to nothing per token.
 - One aiohttp session per process, with a pool sized for MAX_CONCURRENCY: a session
@@ -33,10 +35,24 @@ import re
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, AsyncGenerator, NamedTuple, Protocol
+from typing import Any, AsyncGenerator, Protocol
 
 import aiohttp
 
+# Input parsing lives in job_input; ALLOWED_ROUTES, EngineRequest and STATUS_ROUTE stay importable from here.
+from vllm_worker.job_input import (
+    ALLOWED_ROUTES,
+    AUDIO_ROUTES,
+    POOLING_ROUTES,
+    STATUS_ROUTE,
+    EngineRequest,
+    InputError,
+    audio_form_fields,
+    is_status_request,
+    normalize_input,
+    route_template,
+    with_context_budget,
+)
 from vllm_worker.startup_errors import ENGINE_DEAD_TEXT
 
 log = logging.getLogger(__name__)
@@ -55,7 +71,7 @@ class _Flag(Protocol):
 
 @dataclass
 class WorkerState:
-    """What main tells the handler about the worker; replaced or mutated by main only."""
+    """What main tells the handler about the worker; replaced or mutated by main only (context_length aside)."""
 
     served_model_name: str = ""
     port: int = 8000
@@ -63,6 +79,8 @@ class WorkerState:
     max_concurrency: int = 30
     request_timeout: float = 600.0
     ready_timeout: float = 300.0
+    # DEFAULT_MAX_TOKENS: budget of a shorthand job that names no max_tokens; None: to the end of the context.
+    default_max_tokens: int | None = None
     # When set, every job is answered at once with {"error": fatal}.
     fatal: str | None = None
     # Degraded launch profile, e.g. {"name": "eager", "reason": "...", "overrides": {...}}.
@@ -74,6 +92,8 @@ class WorkerState:
     # Engine deaths while serving, counted by main; `death` is what a job that was running then is told.
     deaths: int = 0
     death: str | None = None
+    # The handler's cache: (deaths when read, the engine's max_model_len from /v1/models).
+    context_length: tuple[int, int] | None = None
 
     def mark_ready(self) -> None:
         """The engine answers: jobs go through (thread-safe; main's supervisor may call it)."""
@@ -91,8 +111,6 @@ class WorkerState:
 
 
 _state: WorkerState | None = None
-
-STATUS_ROUTE = "/worker/status"
 
 
 def configure(state: WorkerState) -> None:
@@ -123,166 +141,6 @@ def status_report(state: WorkerState) -> dict[str, Any]:
     report["ready"] = state.ready.is_set()
     report["fatal"] = state.fatal
     return report
-
-
-# --------------------------------------------------------------------------- input
-
-
-class InputError(ValueError):
-    """The job input cannot be turned into an engine request; str() is one sentence for the user."""
-
-
-class EngineRequest(NamedTuple):
-    """The HTTP request one job stands for."""
-
-    method: str
-    path: str
-    body: dict[str, Any] | None
-    stream: bool
-
-
-# Public inference routes of `vllm serve` a job may reach, with the one method each takes.
-# Everything else (/metrics, /shutdown, /reset_prefix_cache, /sleep, ...) is refused: a job
-# must not be able to reconfigure or stop the engine that other jobs share.
-ALLOWED_ROUTES: dict[str, str] = {
-    "/v1/chat/completions": "POST",
-    "/v1/completions": "POST",
-    "/v1/responses": "POST",
-    "/v1/messages": "POST",
-    "/v1/embeddings": "POST",
-    "/v1/models": "GET",
-    "/tokenize": "POST",
-    "/detokenize": "POST",
-    "/version": "GET",
-    "/health": "GET",
-}
-
-_SHAPES = (
-    "send one of: {'openai_route': '/v1/chat/completions', 'openai_input': {...}}, "
-    "{'route': '/v1/completions', 'body': {...}}, {'prompt': '...', 'sampling_params': {...}}, "
-    "or {'messages': [...], 'sampling_params': {...}}"
-)
-
-
-def _allowed_list() -> str:
-    return ", ".join(ALLOWED_ROUTES)
-
-
-def _normalize_route(route: Any, key: str) -> str:
-    if isinstance(route, str) and route in ALLOWED_ROUTES:
-        return route
-    if not isinstance(route, str) or not route.strip():
-        raise InputError(f"The job's {key!r} must be a route such as '/v1/chat/completions', not {route!r}.")
-    path = route.strip()
-    if not path.startswith("/"):
-        path = "/" + path
-    if len(path) > 1:
-        path = path.rstrip("/")
-    if path not in ALLOWED_ROUTES:
-        raise InputError(f"The route {path!r} is not open to jobs; the allowed routes are: {_allowed_list()}.")
-    return path
-
-
-def _body_dict(value: Any, key: str) -> dict[str, Any] | None:
-    if value is None:
-        return None
-    if not isinstance(value, dict):
-        raise InputError(f"The job's {key!r} must be a JSON object, not {type(value).__name__}.")
-    return dict(value) if value else None
-
-
-def _fill_model(body: dict[str, Any], served_model_name: str) -> None:
-    model = body.get("model")
-    if model is None or (isinstance(model, str) and not model.strip()):
-        body["model"] = served_model_name
-
-
-def _route_request(path: str, body: dict[str, Any] | None, method: str | None, served_model_name: str) -> EngineRequest:
-    """method is the one the job named, or None to use the route's own."""
-    expected = ALLOWED_ROUTES[path]
-    if method is not None and method != expected:
-        raise InputError(f"The route {path!r} takes {expected} requests, not {method}.")
-    if expected == "POST":
-        if body is None:
-            raise InputError(f"The route {path!r} needs a request body (a JSON object); none was given.")
-        _fill_model(body, served_model_name)
-    elif body is not None:
-        raise InputError(f"The route {path!r} takes no request body; remove the body from the job input.")
-    stream = bool(body.get("stream")) if body is not None else False
-    return EngineRequest(method=expected, path=path, body=body, stream=stream)
-
-
-def is_status_request(job_input: Any) -> bool:
-    """A status job: {"route": "/worker/status"} or {"worker_status": true}."""
-    if not isinstance(job_input, dict):
-        return False
-    if job_input.get("worker_status") is True:
-        return True
-    route = job_input.get("route")
-    return isinstance(route, str) and route.strip().rstrip("/") in (STATUS_ROUTE, STATUS_ROUTE.lstrip("/"))
-
-
-def normalize_input(job_input: Any, served_model_name: str) -> EngineRequest:
-    """Turn a job's input into the engine request it stands for, or raise InputError."""
-    if not isinstance(job_input, dict):
-        raise InputError(f"The job input must be a JSON object; {_SHAPES}.")
-
-    if "openai_route" in job_input:
-        path = _normalize_route(job_input["openai_route"], "openai_route")
-        body = _body_dict(job_input.get("openai_input"), "openai_input")
-        return _route_request(path, body, None, served_model_name)
-
-    if "route" in job_input:
-        path = _normalize_route(job_input["route"], "route")
-        body = _body_dict(job_input.get("body"), "body")
-        method = job_input.get("method")
-        if method is not None:
-            if not isinstance(method, str) or method.strip().upper() not in ("GET", "POST"):
-                raise InputError(f"The job's 'method' must be GET or POST, not {method!r}.")
-            method = method.strip().upper()
-        return _route_request(path, body, method, served_model_name)
-
-    has_prompt = "prompt" in job_input
-    has_messages = "messages" in job_input
-    if has_prompt and has_messages:
-        raise InputError("The job input has both 'prompt' and 'messages'; send one of them.")
-    if not has_prompt and not has_messages:
-        raise InputError(f"The job input has no request in it; {_SHAPES}.")
-
-    sampling_params = job_input.get("sampling_params")
-    if sampling_params is None:
-        sampling_params = {}
-    elif not isinstance(sampling_params, dict):
-        raise InputError(
-            f"The job's 'sampling_params' must be a JSON object such as {{'max_tokens': 100}}, "
-            f"not {type(sampling_params).__name__}."
-        )
-    stream = job_input.get("stream", False)
-    if not isinstance(stream, bool):
-        raise InputError(f"The job's 'stream' must be true or false, not {stream!r}.")
-
-    if has_prompt:
-        prompt = job_input["prompt"]
-        if not (isinstance(prompt, str) or (isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt))):
-            raise InputError(f"The job's 'prompt' must be a string (or a list of strings), not {type(prompt).__name__}.")
-        path, key, value = "/v1/completions", "prompt", prompt
-    else:
-        messages = job_input["messages"]
-        if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
-            raise InputError(
-                "The job's 'messages' must be a non-empty list of objects such as "
-                "{'role': 'user', 'content': 'Hello'}."
-            )
-        path, key, value = "/v1/chat/completions", "messages", messages
-
-    body: dict[str, Any] = dict(sampling_params)
-    body[key] = value
-    body["stream"] = stream
-    model = job_input.get("model")
-    if model is not None:
-        body["model"] = model
-    _fill_model(body, served_model_name)
-    return EngineRequest(method="POST", path=path, body=body, stream=stream)
 
 
 # --------------------------------------------------------------------------- SSE
@@ -429,7 +287,15 @@ def error_sentence_from_response(status: int, body_text: str, path: str | None =
     """One readable sentence for an engine error answer (vLLM's {"error": {"message": ...}} or other)."""
     message = _error_message(body_text)
     if status == 404 and path is not None and message in ("", "Not Found"):
-        kind = "an embedding (pooling) model" if path == "/v1/embeddings" else "a model of another kind"
+        template = route_template(path)
+        if template == "/v1/embeddings":
+            kind = "an embedding (pooling) model"
+        elif template in POOLING_ROUTES:
+            kind = "a pooling model (embedding, classification or scoring)"
+        elif template in AUDIO_ROUTES:
+            kind = "a speech-to-text model"
+        else:
+            kind = "a model of another kind"
         return f"The engine does not serve {path} for the model it runs (HTTP 404 Not Found); that route needs {kind}."
     if streaming:
         lead = f"The engine stopped the streamed response with an error (HTTP {status})"
@@ -580,6 +446,47 @@ def _transport_sentence(error: BaseException, state: WorkerState, started: bool)
 _TRANSPORT_ERRORS = (asyncio.TimeoutError, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError)
 
 
+def _max_model_len(listing: Any) -> int | None:
+    data = listing.get("data") if isinstance(listing, dict) else None
+    for entry in data if isinstance(data, list) else []:
+        length = entry.get("max_model_len") if isinstance(entry, dict) else None
+        if isinstance(length, int) and not isinstance(length, bool) and length > 0:
+            return length
+    return None
+
+
+async def _context_length(state: WorkerState, session: aiohttp.ClientSession) -> int | None:
+    """The engine's max_model_len, read from /v1/models once per engine life (a restarted engine may differ)."""
+    cached = state.context_length
+    if cached is not None and cached[0] == state.deaths:
+        return cached[1]
+    deaths = state.deaths
+    try:
+        async with session.get(
+            f"http://{state.host}:{state.port}/v1/models", timeout=_timeout(state.request_timeout)
+        ) as response:
+            listing = await response.json(content_type=None) if response.status == 200 else None
+    except (*_TRANSPORT_ERRORS, ValueError):
+        listing = None
+    length = _max_model_len(listing)
+    if length is None:
+        log.warning("the engine's /v1/models gave no max_model_len; a job without max_tokens gets the engine's default")
+        return None
+    state.context_length = (deaths, length)
+    return length
+
+
+def _form(body: dict[str, Any]) -> aiohttp.FormData:
+    """A fresh multipart body (aiohttp sends a FormData only once)."""
+    form = aiohttp.FormData()
+    for name, value in audio_form_fields(body):
+        if isinstance(value, bytes):
+            form.add_field(name, value, filename="audio", content_type="application/octet-stream")
+        else:
+            form.add_field(name, value)
+    return form
+
+
 async def handler(job: dict[str, Any]) -> AsyncGenerator[Any, None]:
     """Runpod entry point: relay one job to the engine, yielding its answer or {"error": sentence}."""
     state = _state
@@ -595,12 +502,14 @@ async def handler(job: dict[str, Any]) -> AsyncGenerator[Any, None]:
         yield {"error": state.fatal}
         return
     try:
-        request = normalize_input(job_input, state.served_model_name)
+        request = normalize_input(job_input, state.served_model_name, state.default_max_tokens)
     except InputError as error:
         yield {"error": str(error)}
         return
     # One flat generator on purpose: every extra async-generator layer costs per relayed chunk.
-    data = json.dumps(request.body).encode() if request.body is not None else None
+    body = request.body
+    is_json = body is not None and not request.form
+    data: Any = json.dumps(body).encode() if is_json and not request.fill_max_tokens else None
     retried = False
     while True:
         deaths_seen = state.deaths
@@ -610,6 +519,10 @@ async def handler(job: dict[str, Any]) -> AsyncGenerator[Any, None]:
                 yield {"error": problem}
                 return
         session = _get_session(state)
+        if request.fill_max_tokens and body is not None:
+            data = json.dumps(with_context_budget(body, await _context_length(state, session))).encode()
+        elif request.form and body is not None:
+            data = _form(body)
         started = False
         connected = True
         raw: bytes | None = None
@@ -619,7 +532,7 @@ async def handler(job: dict[str, Any]) -> AsyncGenerator[Any, None]:
                 request.method,
                 f"http://{state.host}:{state.port}{request.path}",
                 data=data,
-                headers=_JSON_HEADERS if data is not None else None,
+                headers=_JSON_HEADERS if is_json else None,
                 timeout=_timeout(state.request_timeout),
             ) as response:
                 started = True

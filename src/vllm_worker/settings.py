@@ -45,10 +45,11 @@ class Settings:
     log_tail_lines: int = 400
     gpu_memory_wait: bool = True
     engine_device: str = "auto"
+    default_max_tokens: int | None = None
 
 
-# name -> (default as documented, description); README's table is checked against this.
-DOCUMENTED: dict[str, tuple[str, str]] = {
+# name -> (default as documented, None when unset; description); README's table is checked against this.
+DOCUMENTED: dict[str, tuple[str | None, str]] = {
     "MAX_CONCURRENCY": ("30", "jobs one worker runs at once; also the default MAX_NUM_SEQS (rounded up to a multiple of 8)"),
     "VLLM_PORT": ("8000", "loopback port of the supervised `vllm serve`"),
     "VLLM_COMMAND": ("vllm serve", "command that starts the engine (shell words)"),
@@ -66,6 +67,10 @@ DOCUMENTED: dict[str, tuple[str, str]] = {
         "auto",
         "whose memory that wait reads: auto or cuda (the GPUs, through NVML or nvidia-smi), "
         "cpu (the host memory vLLM's CPU backend checks)",
+    ),
+    "DEFAULT_MAX_TOKENS": (
+        None,
+        "max_tokens of a prompt or messages job that names none; unset: up to the end of the context",
     ),
 }
 
@@ -155,4 +160,12 @@ def load(env: Mapping[str, str]) -> Settings:
         log_tail_lines=_parse(env, "ENGINE_LOG_TAIL_LINES", 400, _int_in(10, 100000), "a whole number from 10 to 100000"),
         gpu_memory_wait=_parse(env, "GPU_MEMORY_WAIT", True, _bool, "true or false (also 1/0, yes/no, on/off)"),
         engine_device=_parse(env, "ENGINE_DEVICE", "auto", _one_of(ENGINE_DEVICES), "one of " + ", ".join(ENGINE_DEVICES)),
+        default_max_tokens=_parse(
+            env,
+            "DEFAULT_MAX_TOKENS",
+            None,
+            _int_in(1),
+            "a whole number greater than 0 (the max_tokens a prompt or messages job gets when it names none), "
+            "or unset for up to the end of the context",
+        ),
     )

@@ -7,6 +7,7 @@ SSE chunks ending in `data: [DONE]`), so the handler's HTTP, framing and error p
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import socket
 import threading
@@ -50,6 +51,7 @@ class Upstream:
         self.max_inflight = 0
         self.port = 0
         self.release = asyncio.Event()
+        self.max_model_len: int | None = None
 
     def _record(self, request: web.Request, body: Any) -> None:
         self.requests.append({"method": request.method, "path": request.path, "body": body})
@@ -123,7 +125,16 @@ class Upstream:
 
     async def models(self, request: web.Request) -> web.Response:
         self._record(request, None)
-        return web.json_response({"object": "list", "data": [{"id": SERVED, "object": "model"}]})
+        entry: dict[str, Any] = {"id": SERVED, "object": "model"}
+        if self.max_model_len is not None:
+            entry["max_model_len"] = self.max_model_len  # as vLLM lists it
+        return web.json_response({"object": "list", "data": [entry]})
+
+    async def transcriptions(self, request: web.Request) -> web.Response:
+        form = await request.post()
+        fields = {name: (value.file.read() if hasattr(value, "file") else value) for name, value in form.items()}
+        self._record(request, {"content_type": request.content_type, "fields": list(form.keys()), "audio": fields["file"]})
+        return web.json_response({"text": "hello", "language": fields.get("language"), "model": fields.get("model")})
 
     async def health(self, request: web.Request) -> web.Response:
         self._record(request, None)
@@ -143,6 +154,7 @@ async def upstream() -> AsyncIterator[Upstream]:
     app.router.add_post("/v1/embeddings", stand.not_found)
     app.router.add_post("/v1/responses", stand.responses)
     app.router.add_get("/v1/models", stand.models)
+    app.router.add_post("/v1/audio/transcriptions", stand.transcriptions)
     app.router.add_get("/health", stand.health)
     runner = web.AppRunner(app, shutdown_timeout=0.1)
     await runner.setup()
@@ -206,7 +218,9 @@ async def test_shorthand_and_get_routes(upstream: Upstream) -> None:
     assert out[0]["echo"] == {"max_tokens": 3, "temperature": 0, "messages": [{"role": "user", "content": "hi"}], "stream": False, "model": SERVED}
     assert await _run({"openai_route": "/v1/models"}) == [{"object": "list", "data": [{"id": SERVED, "object": "model"}]}]
     assert upstream.requests[-1]["method"] == "GET"
-    assert await _run({"route": "/health"}) == [{}]
+    [refused] = await _run({"route": "/health"})
+    assert refused["error"].startswith("The route '/health' is not open to jobs")
+    assert upstream.requests[-1]["path"] == "/v1/models"
 
 
 async def test_stream_yields_whole_events_ending_with_done(upstream: Upstream) -> None:
@@ -262,6 +276,55 @@ async def test_engine_400_becomes_a_sentence(upstream: Upstream) -> None:
         }
     ]
     assert upstream.requests[-1]["body"] == {"max_tokens": 5000, "prompt": "x" * 10, "stream": False, "model": SERVED}
+
+
+async def test_a_prompt_job_without_max_tokens_asks_for_the_rest_of_the_context(upstream: Upstream) -> None:
+    upstream.max_model_len = 4096
+    state = _state(upstream.port)
+    configure(state)
+    await _run({"prompt": "x"})
+    await _run({"prompt": "y", "temperature": 0})
+    models = [r for r in upstream.requests if r["path"] == "/v1/models"]
+    sent = [r["body"] for r in upstream.requests if r["path"] == "/v1/completions"]
+    assert len(models) == 1, "the context length is read once per engine life"
+    assert sent == [
+        {"prompt": "x", "stream": False, "model": SERVED, "max_tokens": 4096},
+        {"temperature": 0, "prompt": "y", "stream": False, "model": SERVED, "max_tokens": 4096},
+    ]
+    # After an engine death the restarted engine may have another context length.
+    upstream.max_model_len = 2048
+    state.deaths += 1
+    await _run({"prompt": "z"})
+    assert upstream.requests[-1]["body"]["max_tokens"] == 2048
+    assert len([r for r in upstream.requests if r["path"] == "/v1/models"]) == 2
+
+
+async def test_default_max_tokens_is_capped_at_the_context(upstream: Upstream) -> None:
+    upstream.max_model_len = 1024
+    configure(_state(upstream.port, default_max_tokens=2000))
+    await _run({"prompt": "x"})
+    assert upstream.requests[-1]["body"]["max_tokens"] == 1024
+    configure(_state(upstream.port, default_max_tokens=300))
+    await _run({"messages": [{"role": "user", "content": "hi"}]})
+    assert upstream.requests[-1]["body"]["max_tokens"] == 300
+
+
+async def test_an_engine_that_lists_no_context_length_gets_the_job_as_written(upstream: Upstream) -> None:
+    configure(_state(upstream.port))
+    await _run({"prompt": "x"})
+    assert upstream.requests[-1]["body"] == {"prompt": "x", "stream": False, "model": SERVED}
+
+
+async def test_an_audio_job_is_sent_as_multipart(upstream: Upstream) -> None:
+    configure(_state(upstream.port))
+    audio = bytes(range(256)) * 4
+    body = {"file": base64.b64encode(audio).decode(), "language": "en"}
+    [out] = await _run({"route": "/v1/audio/transcriptions", "body": body})
+    assert out == {"text": "hello", "language": "en", "model": SERVED}
+    recorded = upstream.requests[-1]["body"]
+    assert recorded["content_type"] == "multipart/form-data"
+    assert recorded["fields"] == ["file", "language", "model"]
+    assert recorded["audio"] == audio
 
 
 async def test_ok_answer_carrying_an_error_is_a_sentence(upstream: Upstream) -> None:

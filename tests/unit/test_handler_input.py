@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 
 import pytest
@@ -19,6 +20,15 @@ from vllm_worker.handler import (
     stream_error,
     timeout_sentence,
     unreachable_sentence,
+)
+from vllm_worker.job_input import (
+    AUDIO_ROUTES,
+    CHAT_KEYS,
+    CLOSED_ROUTES,
+    COMPLETION_KEYS,
+    audio_form_fields,
+    closest_key,
+    with_context_budget,
 )
 
 SERVED = "org/served-model"
@@ -109,41 +119,79 @@ def test_route_trailing_slash_and_spaces_are_normalised() -> None:
     assert normalize_input({"route": " /version/ "}, SERVED).path == "/version"
 
 
-@pytest.mark.parametrize("path", ["/v1/models", "/version", "/health"])
+@pytest.mark.parametrize("path", ["/v1/models", "/version", "/tokenizer_info"])
 def test_get_routes(path: str) -> None:
     assert normalize_input({"route": path}, SERVED) == EngineRequest("GET", path, None, False)
     assert normalize_input({"route": path, "method": "get"}, SERVED).method == "GET"
 
 
-@pytest.mark.parametrize("path", [p for p, m in ALLOWED_ROUTES.items() if m == "POST"])
+JSON_POST_ROUTES = [
+    p for p, m in ALLOWED_ROUTES.items() if m == "POST" and "{" not in p and p not in AUDIO_ROUTES
+]
+
+
+@pytest.mark.parametrize("path", JSON_POST_ROUTES)
 def test_post_routes_fill_model_and_detect_stream(path: str) -> None:
     request = normalize_input({"route": path, "body": {"input": "x", "stream": True}}, SERVED)
     assert (request.method, request.path, request.body["model"], request.stream) == ("POST", path, SERVED, True)
+    assert not request.fill_max_tokens and not request.form
 
 
-def test_allowlist_is_exactly_the_public_inference_routes() -> None:
-    assert set(ALLOWED_ROUTES) == {
-        "/v1/chat/completions",
-        "/v1/completions",
-        "/v1/responses",
-        "/v1/messages",
-        "/v1/embeddings",
-        "/v1/models",
-        "/tokenize",
-        "/detokenize",
-        "/version",
-        "/health",
-    }
+def test_open_and_closed_routes_do_not_overlap_and_admin_routes_are_closed() -> None:
+    assert not set(ALLOWED_ROUTES) & set(CLOSED_ROUTES)
+    assert set(ALLOWED_ROUTES.values()) == {"GET", "POST"}
+    for admin in ("/health", "/metrics", "/load", "/v1/load_lora_adapter", "/sleep", "/wake_up",
+                  "/reset_prefix_cache", "/collective_rpc", "/server_info", "/ping", "/invocations"):  # fmt: skip
+        assert admin in CLOSED_ROUTES and admin not in ALLOWED_ROUTES
+    for inference in ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/rerank", "/score",
+                      "/pooling", "/classify", "/tokenize", "/detokenize", "/v1/responses",
+                      "/v1/audio/transcriptions"):  # fmt: skip
+        assert inference in ALLOWED_ROUTES
 
 
 @pytest.mark.parametrize(
-    "route", ["/metrics", "/shutdown", "/reset_prefix_cache", "/sleep", "/v1/load_lora_adapter", "/v1/models?x=1", "/"]
-)
+    "route",
+    [
+        "/metrics", "/shutdown", "/reset_prefix_cache", "/sleep", "/v1/load_lora_adapter", "/v1/models?x=1", "/",
+        "/health", "/ping", "/invocations", "/collective_rpc", "/server_info", "/v1/responses/{response_id}",
+        "/v1/responses/a/b", "/v1/responses/a%2Fb",
+    ],
+)  # fmt: skip
 def test_other_engine_routes_are_refused_with_the_allowed_list(route: str) -> None:
     sentence = _refusal({"route": route, "body": {"x": 1}})
-    assert f"The route {route!r} is not open to jobs" in sentence
+    assert f"The route {route!r} is not open to jobs; the allowed routes are: /v1/chat/completions" in sentence
     for allowed in ALLOWED_ROUTES:
         assert allowed in sentence
+
+
+def test_a_closed_route_says_why() -> None:
+    assert _refusal({"route": "/health"}).endswith(
+        "(/health reports the engine's health or load to the worker; send {'route': '/worker/status'} for the worker's status)."
+    )
+    assert _refusal({"route": "/v1/load_lora_adapter", "body": {}}).endswith(
+        "(/v1/load_lora_adapter changes the adapters every job shares; serve adapters with ENABLE_LORA and LORA_MODULES instead)."
+    )
+    assert _refusal({"route": "/sleep"}).endswith("(/sleep manages the engine that every job shares).")
+
+
+def test_routes_with_an_id_in_the_path() -> None:
+    assert normalize_input({"route": "/v1/responses/resp_0a1b"}, SERVED) == EngineRequest(
+        "GET", "/v1/responses/resp_0a1b", None, False
+    )
+    assert normalize_input({"route": "/v1/responses/resp_0a1b/cancel"}, SERVED) == EngineRequest(
+        "POST", "/v1/responses/resp_0a1b/cancel", None, False
+    )
+    assert "takes no request body" in _refusal({"route": "/v1/responses/resp_1/cancel", "body": {"a": 1}})
+
+
+@pytest.mark.parametrize("shape", [{"route": "/v1/completions", "body": {"prompt": "x"}}, {"openai_route": "/v1/completions", "openai_input": {"prompt": "x"}}])
+def test_route_shapes_refuse_keys_beside_them(shape: dict) -> None:
+    inside = "body" if "route" in shape else "openai_input"
+    sentence = _refusal({**shape, "max_tokens": 200})
+    assert sentence == (
+        f"The job input key 'max_tokens' is not used beside {next(iter(shape))!r}; put request parameters inside {inside!r}."
+    )
+    assert normalize_input({**shape, "worker_status": False}, SERVED).path == "/v1/completions"
 
 
 def test_route_wrong_method_is_refused() -> None:
@@ -251,6 +299,226 @@ def test_no_request_lists_the_accepted_shapes(job_input: dict) -> None:
 @pytest.mark.parametrize("job_input", [None, "hello", [1], 3])
 def test_non_object_input_is_refused(job_input: object) -> None:
     assert _refusal(job_input).startswith("The job input must be a JSON object")
+
+
+# --- shorthand: top-level request keys, no silent drops
+
+
+def test_top_level_sampling_keys_reach_the_request() -> None:
+    job = {
+        "prompt": "Once",
+        "max_tokens": 200,
+        "temperature": 0.2,
+        "top_p": 0.9,
+        "top_k": 40,
+        "min_p": 0.05,
+        "stop": ["\n"],
+        "seed": 7,
+        "n": 2,
+        "presence_penalty": 0.1,
+        "frequency_penalty": 0.2,
+        "repetition_penalty": 1.1,
+        "logprobs": 3,
+        "response_format": {"type": "json_object"},
+        "stream_options": {"include_usage": True},
+        "stream": True,
+    }
+    request = normalize_input(job, SERVED)
+    assert request.path == "/v1/completions" and request.stream is True
+    assert request.body == {**job, "model": SERVED}
+    assert not request.fill_max_tokens
+
+
+def test_top_level_chat_keys_reach_the_request() -> None:
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    messages = [{"role": "user", "content": "Hi"}]
+    job = {"messages": messages, "max_completion_tokens": 50, "tools": tools, "tool_choice": "auto", "top_logprobs": 2, "logprobs": True}
+    request = normalize_input(job, SERVED)
+    assert request.body == {**job, "stream": False, "model": SERVED}
+    assert not request.fill_max_tokens
+
+
+def test_top_level_and_sampling_params_are_merged() -> None:
+    request = normalize_input({"prompt": "x", "max_tokens": 9, "sampling_params": {"temperature": 0, "max_tokens": 9}}, SERVED)
+    assert request.body == {"temperature": 0, "max_tokens": 9, "prompt": "x", "stream": False, "model": SERVED}
+
+
+def test_the_same_key_twice_with_different_values_is_refused_naming_both() -> None:
+    assert _refusal({"prompt": "x", "max_tokens": 200, "sampling_params": {"max_tokens": 16}}) == (
+        "The job gives 'max_tokens' twice with different values: 200 at the top level and 16 in 'sampling_params'; keep one."
+    )
+
+
+def test_stream_inside_sampling_params_is_used() -> None:
+    request = normalize_input({"prompt": "x", "sampling_params": {"stream": True, "max_tokens": 4}}, SERVED)
+    assert request.stream is True and request.body["stream"] is True
+
+
+@pytest.mark.parametrize(
+    "job, sentence",
+    [
+        (
+            {"prompt": "x", "max_token": 200},
+            "The job input key 'max_token' is not a parameter of /v1/completions (vLLM 0.32), so it would be ignored; "
+            "the closest known key is 'max_tokens'.",
+        ),
+        (
+            {"messages": [{"role": "user", "content": "x"}], "temperatur": 0.5},
+            "The job input key 'temperatur' is not a parameter of /v1/chat/completions (vLLM 0.32), so it would be ignored; "
+            "the closest known key is 'temperature'.",
+        ),
+        (
+            {"prompt": "x", "sampling_params": {"max_new_tokens": 50}},
+            "The 'sampling_params' key 'max_new_tokens' is not a parameter of /v1/completions (vLLM 0.32), "
+            "so it would be ignored; the closest known key is 'max_tokens'.",
+        ),
+        (
+            {"prompt": "x", "stop_sequences": ["."]},
+            "The job input key 'stop_sequences' is not a parameter of /v1/completions (vLLM 0.32), so it would be ignored; "
+            "the closest known key is 'stop'.",
+        ),
+        (
+            {"prompt": "x", "best_of": 3},
+            "The job input key 'best_of' is not a parameter of /v1/completions (vLLM 0.32), so it would be ignored; "
+            "remove it or correct its name.",
+        ),
+        (
+            {"prompt": "x", "tools": []},
+            "The job input key 'tools' applies to chat only; send 'messages' instead of 'prompt', or add "
+            "'apply_chat_template': true to send the prompt through the chat template.",
+        ),
+        (
+            {"messages": [{"role": "user", "content": "x"}], "sampling_params": {"suffix": "!"}},
+            "The 'sampling_params' key 'suffix' applies to plain completions only (a 'prompt' job without "
+            "apply_chat_template); remove it.",
+        ),
+        (
+            {"prompt": "x", "apply_chat_template": True, "suffix": "!"},
+            "The job input key 'suffix' applies to plain completions only (a 'prompt' job without "
+            "apply_chat_template); remove it.",
+        ),
+    ],
+)
+def test_an_unknown_key_is_named_with_the_closest_known_one(job: dict, sentence: str) -> None:
+    assert _refusal(job) == sentence
+
+
+def test_prompt_or_messages_inside_sampling_params_is_refused() -> None:
+    assert _refusal({"prompt": "x", "sampling_params": {"prompt": "y"}}) == (
+        "The job's 'prompt' belongs at the top level of the input, not inside 'sampling_params'."
+    )
+
+
+@pytest.mark.parametrize("key, expected", [("max_token", "max_tokens"), ("Temperature", "temperature"),
+                                           ("max_new_tokens", "max_tokens"), ("temp", "temperature"), ("zzz", None)])  # fmt: skip
+def test_closest_key(key: str, expected: str | None) -> None:
+    assert closest_key(key, COMPLETION_KEYS) == expected
+
+
+def test_the_key_sets_are_vllms_request_fields() -> None:
+    # Spot checks; tests/engine/test_open_routes.py compares the whole sets with the real engine's schema.
+    assert {"max_tokens", "temperature", "top_k", "min_p", "ignore_eos", "min_tokens", "suffix", "echo"} <= COMPLETION_KEYS
+    assert {"max_completion_tokens", "tools", "tool_choice", "top_logprobs", "chat_template_kwargs"} <= CHAT_KEYS
+    assert "tools" not in COMPLETION_KEYS and "suffix" not in CHAT_KEYS
+
+
+def test_official_worker_keys_are_accepted_and_change_nothing() -> None:
+    plain = normalize_input({"prompt": "x", "max_tokens": 5}, SERVED)
+    job = {"prompt": "x", "max_tokens": 5, "max_batch_size": 8, "min_batch_size": 1, "batch_size_growth_factor": 2, "use_openai_format": True}
+    assert normalize_input(job, SERVED) == plain
+
+
+# --- apply_chat_template
+
+
+def test_apply_chat_template_sends_the_prompt_as_one_user_message() -> None:
+    request = normalize_input({"prompt": "Hi there", "apply_chat_template": True, "max_tokens": 30, "tools": []}, SERVED)
+    assert request == EngineRequest(
+        "POST",
+        "/v1/chat/completions",
+        {"max_tokens": 30, "tools": [], "messages": [{"role": "user", "content": "Hi there"}], "stream": False, "model": SERVED},
+        False,
+    )
+
+
+def test_apply_chat_template_false_is_a_plain_completion() -> None:
+    assert normalize_input({"prompt": "x", "apply_chat_template": False, "max_tokens": 3}, SERVED).path == "/v1/completions"
+
+
+def test_apply_chat_template_refusals() -> None:
+    assert "'apply_chat_template' must be true or false, not 'yes'" in _refusal({"prompt": "x", "apply_chat_template": "yes"})
+    assert "prompt' must be one string" in _refusal({"prompt": ["a", "b"], "apply_chat_template": True})
+    assert "messages always go through the chat template" in _refusal(
+        {"messages": [{"role": "user", "content": "x"}], "apply_chat_template": False}
+    )
+    assert normalize_input({"messages": [{"role": "user", "content": "x"}], "apply_chat_template": True}, SERVED).path == (
+        "/v1/chat/completions"
+    )
+
+
+# --- the token budget of a job without max_tokens
+
+
+@pytest.mark.parametrize("job", [{"prompt": "x"}, {"prompt": "x", "max_tokens": None}, {"prompt": "x", "sampling_params": {"max_tokens": None}}])
+def test_a_prompt_job_without_max_tokens_runs_to_the_end_of_the_context(job: dict) -> None:
+    request = normalize_input(job, SERVED)
+    assert request.fill_max_tokens is True
+    assert "max_tokens" not in request.body  # vLLM reads a missing or null max_tokens as 16 on completions
+    assert with_context_budget(request.body, 4096)["max_tokens"] == 4096
+
+
+def test_a_chat_job_without_max_tokens_is_left_to_vllm() -> None:
+    request = normalize_input({"messages": [{"role": "user", "content": "x"}]}, SERVED)
+    assert not request.fill_max_tokens and "max_tokens" not in request.body
+    templated = normalize_input({"prompt": "x", "apply_chat_template": True}, SERVED)
+    assert not templated.fill_max_tokens and "max_tokens" not in templated.body
+
+
+@pytest.mark.parametrize("job", [{"prompt": "x"}, {"messages": [{"role": "user", "content": "x"}]}, {"prompt": "x", "apply_chat_template": True}])
+def test_default_max_tokens_applies_to_shorthand_jobs_capped_at_the_context(job: dict) -> None:
+    request = normalize_input(job, SERVED, default_max_tokens=256)
+    assert request.fill_max_tokens and request.body["max_tokens"] == 256
+    assert with_context_budget(request.body, 4096)["max_tokens"] == 256
+    assert with_context_budget(request.body, 128)["max_tokens"] == 128
+    assert with_context_budget(request.body, None) == request.body
+
+
+def test_a_given_budget_is_never_replaced() -> None:
+    assert not normalize_input({"prompt": "x", "max_tokens": 5}, SERVED, default_max_tokens=256).fill_max_tokens
+    assert normalize_input({"prompt": "x", "max_tokens": 5}, SERVED, default_max_tokens=256).body["max_tokens"] == 5
+    chat = normalize_input({"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 7}, SERVED, default_max_tokens=256)
+    assert not chat.fill_max_tokens and "max_tokens" not in chat.body
+
+
+def test_route_shapes_keep_openai_semantics() -> None:
+    request = normalize_input({"route": "/v1/completions", "body": {"prompt": "x"}}, SERVED, default_max_tokens=256)
+    assert request.body == {"prompt": "x", "model": SERVED} and not request.fill_max_tokens
+
+
+# --- audio
+
+
+def test_audio_jobs_go_as_multipart_with_the_file_decoded() -> None:
+    audio = base64.b64encode(b"RIFF....WAVEfmt ").decode()
+    body = {"file": audio, "language": "en", "temperature": 0.0, "stream": True, "timestamp_granularities": ["word", "segment"]}
+    request = normalize_input({"route": "/v1/audio/transcriptions", "body": body}, SERVED)
+    assert request.form and request.stream and request.method == "POST"
+    assert audio_form_fields(request.body) == [
+        ("file", b"RIFF....WAVEfmt "),
+        ("language", "en"),
+        ("temperature", "0.0"),
+        ("stream", "true"),
+        ("timestamp_granularities[]", "word"),
+        ("timestamp_granularities[]", "segment"),
+        ("model", SERVED),
+    ]
+    data_url = normalize_input({"route": "/v1/audio/translations", "body": {"file": "data:audio/wav;base64," + audio}}, SERVED)
+    assert audio_form_fields(data_url.body)[0] == ("file", b"RIFF....WAVEfmt ")
+
+
+@pytest.mark.parametrize("body, words", [({"language": "en"}, "needs 'file'"), ({"file": "not base64!"}, "not valid base64")])
+def test_audio_job_refusals(body: dict, words: str) -> None:
+    assert words in _refusal({"route": "/v1/audio/transcriptions", "body": body})
 
 
 # --- status jobs

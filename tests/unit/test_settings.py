@@ -76,3 +76,16 @@ def test_memory_wait_settings() -> None:
         load({"ENGINE_DEVICE": "tpu"})
     with pytest.raises(SettingsError, match="true or false"):
         load({"GPU_MEMORY_WAIT": "maybe"})
+
+
+def test_default_max_tokens() -> None:
+    assert load({}).default_max_tokens is None  # unset: a job without max_tokens runs to the end of the context
+    assert load({"DEFAULT_MAX_TOKENS": " 2048 "}).default_max_tokens == 2048
+    assert settings.DOCUMENTED["DEFAULT_MAX_TOKENS"][0] is None
+    for bad in ("0", "-5", "1.5", "all"):
+        with pytest.raises(SettingsError) as caught:
+            load({"DEFAULT_MAX_TOKENS": bad})
+        assert str(caught.value) == (
+            f"DEFAULT_MAX_TOKENS={bad!r} is not valid: a whole number greater than 0 (the max_tokens a prompt or "
+            "messages job gets when it names none), or unset for up to the end of the context."
+        )
