@@ -109,6 +109,14 @@ else
     say ".venv-engine ready (vllm ${VLLM_DIST_VERSION})"
 fi
 
+# On an AMX CPU the engine's worker process dies of SIGILL at its first bfloat16 step unless it
+# asks Linux for the AMX state: scripts/engine_site/vllm_worker_amx.py (see its docstring) makes
+# every Python process of .venv-engine ask when it imports torch. Copied each run (cheap, idempotent).
+engine_site="$(.venv-engine/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+for hook in vllm_worker_amx.py vllm_worker_amx.pth; do
+    cmp -s "scripts/engine_site/$hook" "$engine_site/$hook" || cp "scripts/engine_site/$hook" "$engine_site/$hook"
+done
+
 # --- c) the tiny model ------------------------------------------------------------------------
 # make_tiny_model.py returns at once when .cache/tiny-llama holds what these arguments and this
 # version of the script would write.
