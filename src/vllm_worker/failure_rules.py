@@ -186,7 +186,8 @@ RULES: tuple[Rule, ...] = (
     # --- the command line and config values -----------------------------------------------------
     Rule(
         "bad_arguments",
-        r"^(?:usage: )?[\w./-]+(?:\.py)?(?: [\w-]+)?: error: (?:argument|unrecognized arguments|the following arguments)",
+        r"^(?:usage: )?[\w./-]+(?:\.py)?(?: [\w-]+)?: error: (?:argument|unrecognized arguments|the following arguments"
+        r"|ambiguous option)",
         "argparse",
         seen="argparse of every entry point: vllm serve, vllm, api_server.py, __main__.py",
     ),
@@ -199,7 +200,8 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "bad_arguments",
         r"Unknown quantization method: |Invalid (?:kv[_ ]cache[_ ])?dtype|Unknown (?:kv[_ ]cache[_ ])?dtype"
-        r"|gpu_memory_utilization must be|max_num_batched_tokens \(\d+\) is smaller than max_model_len"
+        r"|gpu_memory_utilization must be|GPU memory utilization must be|Unsupported (?:kv_cache_dtype|KV cache dtype)"
+        r"|max_num_batched_tokens \(\d+\) is smaller than max_model_len|got an unexpected keyword argument '\w+'"
         r"|Unknown load format|Invalid load format|Unsupported dtype:",
         "config_value",
         seen="0.4-0.32 vllm/config value checks",
@@ -215,6 +217,12 @@ RULES: tuple[Rule, ...] = (
         r"Quantization method specified in the model config \(\w+\) does not match",
         "quantization_mismatch",
         seen="0.4-0.32 vllm/config (_verify_quantization)",
+    ),
+    Rule(
+        "bad_arguments",
+        r"you should provide the model as a positional argument or in a config file instead of via the `--model`",
+        "model_flag",
+        seen="0.8-0.32 vllm/entrypoints/cli/serve.py",
     ),
     # --- the parallel layout -------------------------------------------------------------------
     Rule(
@@ -241,7 +249,8 @@ RULES: tuple[Rule, ...] = (
         r"|World size \(\d+\) is larger than the number of available GPUs"
         r"|tensor_parallel_size \(\d+\) (?:is larger than|exceeds) the number of (?:available )?GPUs"
         r"|(?:Tensor|Pipeline) parallel size \(\d+\) cannot be larger than the number of available GPUs"
-        r"|caused by too large tensor parallel size",
+        r"|caused by too large tensor parallel size|max local gpu count|(?:CUDA|HIP) error: invalid device ordinal"
+        r"|invalid device ordinal",
         "gpus",
         seen="0.4-0.32 ray and multiprocessing executors",
     ),
@@ -268,7 +277,9 @@ RULES: tuple[Rule, ...] = (
         r"|Quantization scheme is not supported for|Min(?:imum)? capability: \d+\W+Current capability: \d+"
         r"|_scaled_mm is only supported on|No compressed-tensors compatible scheme was found"
         r"|quantization (?:method )?\S+ is not supported (?:on|for) (?:the )?(?:CPU|XPU|TPU|HPU|ROCm|current platform)"
-        r"|float8_e4m3fn\S* (?:is )?(?:not|only) supported",
+        r"|float8_e4m3fn\S* (?:is )?(?:not|only) supported|GPU is required to quantize or run quantize model"
+        r"|bitsandbytes was compiled without GPU support|quantization is (?:currently )?only supported on"
+        r"|(?:Marlin|Machete|CUTLASS) .*requires (?:a GPU with )?compute capability",
         seen="several versions and platforms",
     ),
     Rule(
@@ -292,9 +303,12 @@ RULES: tuple[Rule, ...] = (
         "no_config",
         seen="0.7-0.9 vllm/transformers_utils/config.py: config.json unreadable, typically a gated repo without a token",
     ),
+    # A token the Hub refuses: said beside "Repository Not Found" too, and then it is the cause.
+    Rule("unauthorized", r"Invalid credentials in Authorization header|Invalid user token", seen="huggingface_hub"),
     Rule(
         "revision_not_found",
-        r"is not a valid git identifier|Revision Not Found for url|RevisionNotFoundError|has no revision: \S+",
+        r"is not a valid git identifier|Revision Not Found for url|RevisionNotFoundError|has no (?:valid )?revision"
+        r"|404 Client Error.*for url: https?://\S+/api/models/[^/\s]+/[^/\s]+/revision/(?!main\b)\S+",
         seen="transformers utils/hub.py, huggingface_hub errors",
     ),
     Rule(
@@ -339,11 +353,12 @@ RULES: tuple[Rule, ...] = (
         r"We couldn't connect to '?https?://huggingface\.co'? to load (?:this file|the files)"
         r"|Connection error, and we cannot find the requested files in the cached path"
         r"|We have no connection or you passed local_files_only"
-        r"|(?:NameResolutionError|Temporary failure in name resolution|Failed to resolve|ConnectError|ReadTimeout).*(?:huggingface|hf\.co)"
+        r"|(?:NameResolutionError|Temporary failure in name resolution|Failed to resolve|ConnectError|ReadTimeout"
+        r"|ProxyError|SSLError|Network is unreachable|Connection refused).*(?:huggingface|hf\.co)"
+        r"|An error happened while trying to locate the files? on the Hub and we cannot find the"
         r"|(?:MaxRetryError|ConnectionError|ConnectTimeout).*huggingface\.co|LocalEntryNotFoundError: (?:An error happened|Connection error)",
         seen="transformers utils/hub.py, huggingface_hub (all versions)",
     ),
-    Rule("unauthorized", r"Invalid credentials in Authorization header|Invalid user token", seen="huggingface_hub"),
     Rule(
         "unauthorized",
         r"invalid header '?Authorization|Invalid (?:leading whitespace|return character).* in header value"
@@ -368,6 +383,7 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "unsupported_architecture",
         r"has no vLLM implementation and the Transformers implementation is not compatible with vLLM"
+        r"|Unrecognized configuration class .* for this kind of AutoModel|does not support the '?\w+'? (?:task|runner)"
         r"|Cannot find model module\. '\S+' is not a registered model",
         seen="0.8-0.32 registry.py / transformers backend",
     ),
@@ -378,7 +394,11 @@ RULES: tuple[Rule, ...] = (
         r"|consider setting `trust_remote_code=True`|requires you to execute the (?:configuration|tokenizer|modeling) file",
         seen="transformers dynamic_module_utils.py, vllm/transformers_utils",
     ),
-    Rule("disk_full", r"No space left on device|os error 28|\[Errno 28\]", seen="ENOSPC from Python or Rust I/O"),
+    Rule(
+        "disk_full",
+        r"No space left on device|os error 28|\[Errno 28\]|Not enough free disk space to download the file",
+        seen="ENOSPC from Python or Rust I/O; huggingface_hub's free-space check before a download",
+    ),
     # pydantic's wrapper of any validator's ValueError: last, so the wrapped wording names the cause first.
     Rule(
         "bad_arguments",
@@ -448,7 +468,7 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "model_files_broken",
         r"SafetensorError|Error while deserializing header|HeaderTooLarge|incomplete metadata, file not fully covered"
-        r"|JSONDecodeError|Can't load tokenizer for|Unrecognized configuration class|Unrecognized model in \S+"
+        r"|JSONDecodeError|Can't load tokenizer for|Unrecognized model in \S+"
         r"|does not appear to have a file named|Can't load the configuration of|is not a valid JSON file"
         r"|Error parsing line|UnicodeDecodeError: 'utf-8' codec can't decode",
         seen="safetensors, json, transformers loading (all versions)",

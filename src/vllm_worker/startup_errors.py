@@ -347,6 +347,24 @@ def _bad_arguments(ctx: Context) -> Diagnosis:
             variable=variable,
             value=value,
         )
+    if hit.rule.detail == "model_flag":
+        cause = "VLLM_EXTRA_ARGS passes the model with --model, which `vllm serve` refuses"
+        return Diagnosis(
+            kind="bad_arguments",
+            message=compose(cause, ctx.tried, ["remove --model from VLLM_EXTRA_ARGS; the worker passes MODEL_NAME itself"]),
+            evidence=evidence_of(hit.line),
+            variable="VLLM_EXTRA_ARGS",
+        )
+    if hit.rule.detail == "dtype_for_quantization" and ctx.search(r"not supported on CPU, casting to bfloat16"):
+        # The CPU backend computes in bfloat16 only: no DTYPE makes a float16-only quantization run there.
+        cause = f"The CPU backend cannot run the quantization of {ctx.subject if ctx.model else 'the model'}: {evidence_of(hit.line)}"
+        return Diagnosis(
+            kind="quantization_unsupported",
+            message=compose(cause, ctx.tried, ["set MODEL_NAME to an unquantized checkpoint, or run on a GPU"]),
+            evidence=evidence_of(hit.line),
+            variable="MODEL_NAME",
+            value=ctx.model,
+        )
     if hit.rule.detail in ("value_error", "config_value", "quantization_mismatch", "dtype_for_quantization"):
         return _config_value(ctx, hit)
     # pydantic field constraint: "<field>\n  Input should ... [type=..., input_value=V, ...]"
