@@ -239,6 +239,12 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         "tensor_parallel",
+        r"^assert .*%\s*(?:self\.)?(?:tp_size|tp_world_size|tensor_parallel_size|world_size)\b",
+        "divisible",
+        seen="model code asserting its heads divide by the TP size (chatglm and others, printed above a bare AssertionError)",
+    ),
+    Rule(
+        "tensor_parallel",
         r"^AssertionError: \d+ is not divisible by \d+",
         "divisible",
         seen="vllm/distributed/utils.py divide() (all versions)",
@@ -279,7 +285,8 @@ RULES: tuple[Rule, ...] = (
         r"|quantization (?:method )?\S+ is not supported (?:on|for) (?:the )?(?:CPU|XPU|TPU|HPU|ROCm|current platform)"
         r"|float8_e4m3fn\S* (?:is )?(?:not|only) supported|GPU is required to quantize or run quantize model"
         r"|bitsandbytes was compiled without GPU support|quantization is (?:currently )?only supported on"
-        r"|(?:Marlin|Machete|CUTLASS) .*requires (?:a GPU with )?compute capability",
+        r"|(?:Marlin|Machete|CUTLASS) .*requires (?:a GPU with )?compute capability"
+        r"|does not support (?:BitsAndBytes|bitsandbytes|GGUF|AWQ|GPTQ|FP8|\w+) quantization",
         seen="several versions and platforms",
     ),
     Rule(
@@ -349,6 +356,12 @@ RULES: tuple[Rule, ...] = (
         seen="huggingface_hub _snapshot_download.py, file_download.py",
     ),
     Rule(
+        "offline_not_cached",
+        r"Cache directory not found: \S+",
+        "no_cache_dir",
+        seen="huggingface_hub _snapshot_download.py, file_download.py",
+    ),
+    Rule(
         "hub_unreachable",
         r"We couldn't connect to '?https?://huggingface\.co'? to load (?:this file|the files)"
         r"|Connection error, and we cannot find the requested files in the cached path"
@@ -384,6 +397,7 @@ RULES: tuple[Rule, ...] = (
         "unsupported_architecture",
         r"has no vLLM implementation and the Transformers implementation is not compatible with vLLM"
         r"|Unrecognized configuration class .* for this kind of AutoModel|does not support the '?\w+'? (?:task|runner)"
+        r"|config_class = CONFIG_MAPPING\[config_dict\[.model_type.\]\]"
         r"|Cannot find model module\. '\S+' is not a registered model",
         seen="0.8-0.32 registry.py / transformers backend",
     ),

@@ -309,7 +309,8 @@ def _variable_for_flag(flag: str, env: Mapping[str, str]) -> str | None:
 
 
 def _bad_arguments(ctx: Context) -> Diagnosis:
-    hit = ctx.hits[-1]
+    # argparse's line names the flag; a pydantic line after it only explains the value.
+    hit = next((h for h in reversed(ctx.hits) if h.rule.detail == "argparse"), ctx.hits[-1])
     argparse = re.search(r"^(?:usage: )?[\w./-]+(?: [\w-]+)?: error: (.+)$", hit.line, re.IGNORECASE)
     if argparse:
         error = argparse.group(1).strip()
@@ -526,9 +527,17 @@ def _offline_not_cached(ctx: Context) -> Diagnosis:
     offline = next((name for name in _OFFLINE_VARIABLES if env_bool(ctx.env, name) is True), None)
     offline_value = env_value(ctx.env, offline) if offline else None
     revision = env_value(ctx.env, "MODEL_REVISION") if variable == "MODEL_NAME" else None
-    message = offline_not_cached_message(
-        repo, variable, offline or "HF_HUB_OFFLINE", offline_value or "1", revision=revision
-    )
+    missing_dir = ctx.search(r"Cache directory not found: (\S+?)\.?(?:\s|$)")
+    if missing_dir:
+        message = (
+            f"The Hugging Face cache directory {missing_dir.group(1)} does not exist, so vLLM cannot find "
+            f"{variable}={repo!r} in it: point HF_HOME or HF_HUB_CACHE at the cache that holds the model (a network "
+            f"volume is mounted at /runpod-volume), or unset HF_HUB_OFFLINE so the worker can download it."
+        )
+    else:
+        message = offline_not_cached_message(
+            repo, variable, offline or "HF_HUB_OFFLINE", offline_value or "1", revision=revision
+        )
     return Diagnosis(
         kind="offline_not_cached",
         message=message + tried_sentence(ctx.tried),
@@ -601,6 +610,9 @@ def _unsupported_architecture(ctx: Context) -> Diagnosis:
     until = re.search(r"Model architecture (\S+) was supported in vLLM until (v[\w.]+)", line)
     plugin = re.search(r"Model architecture (\S+) is not supported in-tree anymore\. Please install the plugin at (\S+?) if", line)
     model_type = re.search(r"has model type `?([\w.-]+)`? but Transformers does not recognize", line, re.IGNORECASE)
+    if model_type is None and "CONFIG_MAPPING" in line:
+        # transformers' own lookup of config.json's model_type failed: the KeyError names it.
+        model_type = ctx.search(r"KeyError: '([^']+)'")
     no_impl = re.search(r"(\S+) has no vLLM implementation", line)
     if until:
         value = until.group(1)
