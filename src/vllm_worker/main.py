@@ -462,7 +462,8 @@ def _serve(state: handler.WorkerState, settings: settings_mod.Settings | None, s
         return 2
     if job is not None:
         return runpod_glue.local_test(handler.handler, job, handler.close_session)
-    runpod_glue.patch_job_loop(supervisor.stop if supervisor is not None else None, handler.close_session)
+    local_api = any(arg.startswith("--rp_serve_api") for arg in sys.argv[1:]) or bool(os.environ.get("RUNPOD_REALTIME_PORT"))
+    runpod_glue.patch_job_loop(supervisor.stop if supervisor is not None else None, handler.close_session, local_api)
     concurrency = settings.max_concurrency if settings else 1
     runpod.serverless.start(
         {
@@ -492,11 +493,17 @@ def run(env: Mapping[str, str] | None = None) -> int:
 
     supervisor = Supervisor(settings)
     owner = os.getpid()
+    serving = threading.Event()
 
     def on_signal(signum: int, frame: Any) -> None:
         if os.getpid() != owner:
             # A child forked by the SDK (its heartbeat) inherits this handler; the engine is not its to stop.
             os._exit(128 + signum)
+        if serving.is_set():
+            # The local API's uvicorn re-raises the signal it handled once it has shut down: a requested stop.
+            log.info("signal %d: stopping the engine", signum)
+            supervisor.stop()
+            raise SystemExit(0)
         log.info("signal %d during startup: stopping the engine", signum)
         supervisor.stop()
         raise SystemExit(128 + signum)
@@ -523,6 +530,7 @@ def run(env: Mapping[str, str] | None = None) -> int:
             max_concurrency=settings.max_concurrency,
             request_timeout=settings.request_timeout,
             ready_timeout=settings.ready_timeout,
+            default_max_tokens=settings.default_max_tokens,
             profile=outcome.profile,
             status={
                 "launches": outcome.launches,
@@ -546,6 +554,7 @@ def run(env: Mapping[str, str] | None = None) -> int:
                 supervisor, settings, state, outcome.launch_env, outcome.launches, memory_waiter(settings)
             ).start(outcome.engine)
         sdk_import.join()
+        serving.set()
         return _serve(state, settings, supervisor)
     finally:
         supervisor.stop()
@@ -585,6 +594,11 @@ def _cpu_brand() -> dict[str, str]:
 def _startup(env: dict[str, str], settings: settings_mod.Settings, supervisor: Supervisor) -> StartupOutcome:
     from vllm_worker import preflight
 
+    # Every flag value the table can judge is answered now, before any Hub call or launch.
+    try:
+        args_builder.build_args(env, settings)
+    except args_builder.ArgsError as exc:
+        return StartupOutcome(fatal=str(exc))
     cached = model_cache.lookup(env)
     facts: capacity.ModelFacts | None = None
     if cached is not None:

@@ -7,7 +7,8 @@ Three things the SDK does not do the way this worker needs, kept here in one pla
   is wrapped to start that stop first.
 - The handler's pooled HTTP session must be closed inside the SDK's event loop, before
   `asyncio.run` closes it, or Python logs "Unclosed client session" at every exit.
-  `JobScaler.run` is wrapped to close it.
+  `JobScaler.run` is wrapped to close it; with the local API (`--rp_serve_api`) jobs run in
+  uvicorn's loop instead, so the session is closed by the FastAPI app's shutdown.
 - The SDK's local test (`--test_input`, or test_input.json when no job endpoint is set) awaits
   the handler as a coroutine; this handler is an async generator, so it printed
   `{'output': <async_generator ...>}` and "completed successfully" even for a job answered
@@ -29,8 +30,19 @@ from typing import Any, Awaitable, Callable, Mapping, Sequence
 TEST_INPUT_FILE = "test_input.json"
 
 
-def patch_job_loop(stop_engine: Callable[[], None] | None, close_session: Callable[[], Awaitable[None]]) -> None:
-    """Stop the engine first on SIGTERM, and close the HTTP session inside the SDK's loop."""
+def _local_api_init() -> Any:
+    from runpod.serverless.modules import rp_fastapi
+
+    return rp_fastapi.WorkerAPI.__init__
+
+
+def patch_job_loop(
+    stop_engine: Callable[[], None] | None, close_session: Callable[[], Awaitable[None]], local_api: bool = False
+) -> None:
+    """Stop the engine first on SIGTERM, and close the HTTP session inside the SDK's loop (or the local API's).
+
+    local_api: the local API or realtime server will run (imports FastAPI, so only then).
+    """
     from runpod.serverless.modules import rp_scale
 
     scaler = rp_scale.JobScaler
@@ -44,6 +56,18 @@ def patch_job_loop(stop_engine: Callable[[], None] | None, close_session: Callab
 
         handle_shutdown._vllm_worker = True  # type: ignore[attr-defined]
         scaler.handle_shutdown = handle_shutdown  # type: ignore[method-assign]
+
+    if local_api and not getattr(_local_api_init(), "_vllm_worker", False):
+        from runpod.serverless.modules import rp_fastapi
+
+        original_init = rp_fastapi.WorkerAPI.__init__
+
+        def init_then_close_on_shutdown(self: Any, config: dict[str, Any]) -> None:
+            original_init(self, config)
+            self.rp_app.router.on_shutdown.append(close_session)  # runs in uvicorn's loop
+
+        init_then_close_on_shutdown._vllm_worker = True  # type: ignore[attr-defined]
+        rp_fastapi.WorkerAPI.__init__ = init_then_close_on_shutdown  # type: ignore[method-assign]
 
     if not getattr(scaler.run, "_vllm_worker", False):
         original_run = scaler.run

@@ -112,3 +112,18 @@ def test_the_job_loop_hooks_exist_and_are_wrapped_once(monkeypatch: pytest.Monke
     runpod_glue.patch_job_loop(lambda: None, close)
     assert (rp_scale.JobScaler.run, rp_scale.JobScaler.handle_shutdown) == first
     assert getattr(first[0], "_vllm_worker") and getattr(first[1], "_vllm_worker")
+
+
+def test_the_local_api_closes_the_session_when_its_app_shuts_down(monkeypatch: pytest.MonkeyPatch) -> None:
+    from runpod.serverless.modules import rp_fastapi
+
+    monkeypatch.setattr(rp_fastapi.WorkerAPI, "__init__", rp_fastapi.WorkerAPI.__init__)
+    monkeypatch.setattr(rp_scale.JobScaler, "run", rp_scale.JobScaler.run)
+
+    async def close() -> None:
+        return None
+
+    runpod_glue.patch_job_loop(None, close, local_api=True)
+    api = rp_fastapi.WorkerAPI({"handler": fine, "rp_args": {}})
+    # The SDK still builds a FastAPI app whose shutdown hooks run in uvicorn's loop.
+    assert close in api.rp_app.router.on_shutdown
