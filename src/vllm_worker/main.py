@@ -113,7 +113,9 @@ def launch_failure(
 ) -> startup_errors.Diagnosis:
     """Why a launch ended before it was ready; always an answer, never an exit."""
     if engine.spawn_error is not None:
-        return startup_errors.engine_command_failure(settings.vllm_command, engine.spawn_error)
+        return startup_errors.engine_command_failure(
+            settings.vllm_command, engine.spawn_error, configured=bool(launch_env.get("VLLM_COMMAND"))
+        )
     return startup_errors.explain(
         engine.tail(),
         launch_env.get("MODEL_NAME"),
@@ -160,7 +162,8 @@ def start_engine(
                 outcome.warnings.append(warning)
         unstartable = command_problem(built.argv, built.engine_env)
         if unstartable is not None:
-            outcome.fatal = startup_errors.engine_command_failure(settings.vllm_command, unstartable).message
+            configured = bool(launch_env.get("VLLM_COMMAND"))
+            outcome.fatal = startup_errors.engine_command_failure(settings.vllm_command, unstartable, configured).message
             return outcome
         if wait_for_memory is not None:
             problem = wait_for_memory(launch_env)

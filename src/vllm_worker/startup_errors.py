@@ -25,7 +25,7 @@ import re
 from typing import Callable, Mapping, Sequence
 from urllib.parse import unquote
 
-from vllm_worker import failure_rules
+from vllm_worker import args_builder, failure_rules, flag_messages
 from vllm_worker.diagnosis import (  # noqa: F401  (re-exported for recovery, capacity and tests)
     DEFAULT_GPU_MEMORY_UTILIZATION,
     DEFAULT_MAX_CONCURRENCY,
@@ -232,14 +232,21 @@ def unknown_failure(output: str, exit_code: int | None, tried: Sequence[str] = (
     )
 
 
-def engine_command_failure(command: Sequence[str], reason: str) -> Diagnosis:
-    """VLLM_COMMAND could not be started at all (missing, not executable): no vLLM output to read."""
+def engine_command_failure(command: Sequence[str], reason: str, configured: bool = True) -> Diagnosis:
+    """The engine command could not be started at all (missing, not executable): no vLLM output to read.
+
+    configured: VLLM_COMMAND was set; unset, the default `vllm serve` is missing from the image itself.
+    """
     shown = " ".join(command)
-    cause = f"The engine command VLLM_COMMAND={shown!r} cannot be started: {reason}"
-    fixes = [
-        "set VLLM_COMMAND to the command that runs vLLM's OpenAI server in this image (e.g. 'vllm serve' "
-        "or '/opt/venv/bin/vllm serve'), or unset it to use 'vllm serve'",
-    ]
+    if configured:
+        cause = f"The engine command VLLM_COMMAND={shown!r} cannot be started: {reason}"
+        fixes = [
+            "set VLLM_COMMAND to the command that runs vLLM's OpenAI server in this image (e.g. "
+            "'/opt/venv/bin/vllm serve'), or unset it to use 'vllm serve'",
+        ]
+    else:
+        cause = f"vLLM is not installed where the worker looks: the default engine command {shown!r} cannot be started: {reason}"
+        fixes = ["run the worker's image, or set VLLM_COMMAND to the command that runs vLLM's OpenAI server"]
     return Diagnosis(
         kind="engine_command",
         message=compose(cause, (), fixes),
@@ -335,7 +342,13 @@ def _bad_arguments(ctx: Context) -> Diagnosis:
                 variable = found or flag.lstrip("-").replace("-", "_").upper()
                 value = env_value(ctx.env, variable)
                 shown = f"{variable}={value!r}" if value is not None and variable != _EXTRA_ARGS else variable
-                cause = f"vLLM rejected {shown} ({flag}: {flag_match.group(2)})"
+                option = args_builder.option_for(flag)
+                if found and found != _EXTRA_ARGS and value is not None and option is not None:
+                    # The pre-launch check's sentence, with vLLM's own words after it.
+                    accepted = flag_messages.invalid_value(variable, value, option["flag"], flag_messages.describe(option))
+                    cause = f"{accepted.rstrip('.')} (vLLM said: {flag_match.group(2)})"
+                else:
+                    cause = f"vLLM rejected {shown} ({flag}: {flag_match.group(2)})"
                 fixes = [f"correct {variable} or unset it" if found else f"correct the variable that sets {flag}"]
             else:
                 variable, value = None, None

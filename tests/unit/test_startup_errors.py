@@ -814,3 +814,9 @@ def test_engine_command_failure_names_the_variable() -> None:
     diagnosis = startup_errors.engine_command_failure(["vlm", "serve"], "'vlm' was not found on PATH")
     assert diagnosis.kind == "engine_command"
     assert diagnosis.message.startswith("The engine command VLLM_COMMAND='vlm serve' cannot be started")
+
+
+def test_a_missing_default_engine_command_does_not_tell_to_unset_it() -> None:
+    diagnosis = startup_errors.engine_command_failure(["vllm", "serve"], "'vllm' was not found on the PATH", configured=False)
+    assert diagnosis.message.startswith("vLLM is not installed where the worker looks")
+    assert "unset" not in diagnosis.message
