@@ -14,8 +14,10 @@ be launched, and the bench checks that it was not.
 Cases: a typo'd model id, a gated repository without a token, a MODEL_REVISION that
 does not exist, and flag values vLLM 0.32 refuses (MAX_NUM_SEQS=abc, GPU_MEMORY_UTILIZATION=1.5,
 DTYPE=float13, KV_CACHE_DTYPE=fp7, TENSOR_PARALLEL_SIZE=0), which the worker checks against
-the flag table before launch instead of after vLLM's ~12 s import. Rounds alternate the
-cases so a warming page cache favours none.
+the flag table before launch instead of after vLLM's ~12 s import; a VLLM_COMMAND that
+does not exist; and a failure no rule knows (the scripted engine prints a real vLLM line from
+the field corpus, tests/field/startup_failures/neg_021, and exits 1: the only case where the
+engine runs). Rounds alternate the cases so a warming page cache favours none.
 
     .venv/bin/python bench/bad_config.py [--rounds 5] [--importtime]
 
@@ -59,12 +61,20 @@ BAD_FLAG_VALUES = {
 for _name, _value in BAD_FLAG_VALUES.items():
     CASES[f"{_name}={_value}"] = {"MODEL_NAME": "org/public", _name: _value}
     EXPECTED_WORDS[f"{_name}={_value}"] = f"{_name}={_value!r} is not valid"
+CASES["VLLM_COMMAND missing"] = {"MODEL_NAME": "org/public", "VLLM_COMMAND": "no-such-vllm serve"}
+EXPECTED_WORDS["VLLM_COMMAND missing"] = "cannot be started"
+UNKNOWN = "unknown engine failure"
+CASES[UNKNOWN] = {"MODEL_NAME": "org/public"}
+EXPECTED_WORDS[UNKNOWN] = "vLLM failed to start: TimeoutError: Timed out waiting for engines"
+# Verbatim from tests/field/startup_failures/neg_021_timeout_engines_initial_message.log.
+UNKNOWN_OUTPUT = "TimeoutError: Timed out waiting for engines to send initial message on input socket."
 
 
 def one(case: str, hub: HubStub, root: Path) -> tuple[float, str]:
     """Seconds from spawn to the job-done post, and the answer."""
     state = root / "fake-vllm"
-    script = fake_vllm.write_script(root / "script.json", [{"serve": True}])
+    launch = {"output": UNKNOWN_OUTPUT, "exit_code": 1} if case == UNKNOWN else {"serve": True}
+    script = fake_vllm.write_script(root / "script.json", [launch])
     env = {
         "HF_ENDPOINT": hub.endpoint,
         "VLLM_COMMAND": fake_vllm.command(),
@@ -79,8 +89,9 @@ def one(case: str, hub: HubStub, root: Path) -> tuple[float, str]:
         with worker:
             answer = cp.result(job, timeout=60)
         done = cp.requests("done")[0].at
-    if fake_vllm.launches(state):
-        raise SystemExit(f"{case}: vLLM was launched, the worker's checks did not stop it")
+    launched = len(fake_vllm.launches(state))
+    if launched != (1 if case == UNKNOWN else 0):
+        raise SystemExit(f"{case}: vLLM was launched {launched} times")
     error = answer.get("error", "")
     if EXPECTED_WORDS[case] not in error:
         raise SystemExit(f"{case}: unexpected answer {answer!r}")
