@@ -48,9 +48,12 @@ ENV BAKED_MODEL_PATH=${MODEL_NAME:+/opt/models/model} \
     HF_HUB_OFFLINE=${MODEL_NAME:+1}
 
 # Models fetched at run time go to the network volume when one is attached, so a cold start
-# on another worker finds them already downloaded.
+# on another worker finds them already downloaded. The hub cache is where Runpod's model
+# caching puts models and where Runpod's official vLLM worker downloads them, so a volume
+# shared with it, or a cached model, is served without a download (src/vllm_worker/model_cache.py).
 ARG BASE_PATH=/runpod-volume
-ENV HF_HOME=${BASE_PATH}/huggingface
+ENV HF_HOME=${BASE_PATH}/huggingface-cache \
+    HF_HUB_CACHE=${BASE_PATH}/huggingface-cache/hub
 
 # The vllm-openai image's own ENTRYPOINT is `vllm serve`; the worker starts that itself.
 ENTRYPOINT ["/opt/worker/bin/vllm-worker", "run"]

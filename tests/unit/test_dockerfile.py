@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from vllm_worker import model_cache
+
 from vllm_worker import settings, versions
 from tests.support.dockerfile import instructions
 
@@ -171,6 +173,9 @@ def test_model_caches_live_on_the_network_volume() -> None:
             env.update(assignments(a))
     hf_home = re.sub(r"\$\{(\w+)\}", lambda m: args.get(m.group(1), ""), env["HF_HOME"])
     assert hf_home.startswith("/runpod-volume/")
+    # Runpod's model cache and its official vLLM worker use this hub cache: reused, not downloaded again.
+    hub_cache = re.sub(r"\$\{(\w+)\}", lambda m: args.get(m.group(1), ""), env["HF_HUB_CACHE"])
+    assert hub_cache == model_cache.RUNPOD_CACHE == "/runpod-volume/huggingface-cache/hub"
 
 
 # --- secrets ----------------------------------------------------------------------------------
