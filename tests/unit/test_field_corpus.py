@@ -4,7 +4,8 @@ The excerpts in tests/field/startup_failures/ are verbatim machine output copied
 issue threads and pages (URL, vLLM version and backend in the manifests), across vLLM 0.6 to
 0.32, V0 and V1, several backends, and wrapped the ways logs arrive (process prefixes,
 timestamps, quotes, gutters, hard wraps). Each manifest row fixed its split (a third held out
-by a hash of the file name) before any rule was tuned on the rest.
+by a hash of the file name) before any rule was tuned on the rest; README.md beside the corpus
+records the measurements (the first held-out measurement, and a fresh batch measured unseen).
 
 Handled right means: a memory cause is a `memory_shortfall()` with a message; memory held by
 others and profiling races are named as such; a cause the user fixes with a variable is named
