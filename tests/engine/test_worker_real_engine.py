@@ -68,6 +68,8 @@ def worker_env(model: Path, port: int) -> dict[str, str]:
         "MAX_CONCURRENCY": str(MAX_CONCURRENCY),
         "VLLM_STARTUP_TIMEOUT": str(int(engine_env.BOOT_TIMEOUT)),
         "HF_TOKEN": SECRET,
+        # A typo a user makes: not a vLLM option, warned about in the log and the status job.
+        "MAX_NUM_SEQ": "16",
     }
 
 
@@ -223,6 +225,49 @@ def test_ten_jobs_at_once_are_all_answered(serving: Serving) -> None:
         [completion] = result["output"]
         assert completion["object"] == "chat.completion"
     assert len({r["output"][0]["id"] for r in results}) == MAX_CONCURRENCY
+
+
+# --- job input as Runpod users send it (issue 10) -------------------------------------------
+
+
+def test_top_level_max_tokens_is_used_not_dropped(serving: Serving) -> None:
+    result = serving.run({"prompt": "Once upon a time", "max_tokens": 40, "ignore_eos": True})
+
+    [completion] = result["output"]
+    assert completion["usage"]["completion_tokens"] == 40
+
+
+def test_a_prompt_job_without_max_tokens_is_not_cut_at_16(serving: Serving) -> None:
+    result = serving.run({"prompt": "Once upon a time", "ignore_eos": True})
+
+    [completion] = result["output"]
+    # Up to the end of the 512-token context, as chat does: far past vLLM's completions default of 16.
+    usage = completion["usage"]
+    assert usage["completion_tokens"] > 16
+    assert usage["prompt_tokens"] + usage["completion_tokens"] == 512
+
+
+def test_apply_chat_template_sends_a_prompt_through_the_chat_template(serving: Serving) -> None:
+    result = serving.run({"prompt": "Say hello.", "apply_chat_template": True, "max_tokens": 3, "min_tokens": 3})
+
+    [completion] = result["output"]
+    assert completion["object"] == "chat.completion"
+    assert completion["usage"]["completion_tokens"] == 3
+
+
+def test_an_unknown_job_key_is_answered_naming_it_and_the_closest(serving: Serving) -> None:
+    result = serving.run({"prompt": "Hi", "max_token": 5})
+
+    assert set(result) == {"error"}, result
+    assert "max_token" in result["error"] and "max_tokens" in result["error"]
+
+
+def test_a_look_alike_variable_is_warned_about_in_the_status_job(serving: Serving) -> None:
+    result = serving.run({"route": "/worker/status"})
+
+    [status] = result["output"]
+    assert any("MAX_NUM_SEQ " in w and "MAX_NUM_SEQS" in w for w in status["warnings"]), status["warnings"]
+    assert "did you mean MAX_NUM_SEQS" in serving.worker.log()
 
 
 def test_hf_token_never_reaches_the_log_a_command_line_or_an_answer(serving: Serving) -> None:
