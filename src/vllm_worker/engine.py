@@ -207,6 +207,11 @@ class Engine:
             self._stopped = True
             return proc.returncode
 
+    def kill(self) -> int | None:
+        """SIGKILL the whole group at once and reap it: for an engine that answers nothing (a hung or
+        stopped process never handles SIGTERM, so a grace period would only delay the restart)."""
+        return self.stop(0.0)
+
     def wait_exit(self, timeout: float | None = None) -> int | None:
         """Wait for the child to exit; its exit status, or None if it is still running at `timeout`."""
         proc = self._require_started()

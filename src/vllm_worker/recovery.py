@@ -311,6 +311,31 @@ def _eager_step(env: Mapping[str, str], prior: dict[str, str | None], device_tot
     )
 
 
+def next_after_death(
+    base_env: Mapping[str, str],
+    launch_env: Mapping[str, str],
+    max_concurrency: int,
+    *,
+    device_total_bytes: int | None = None,
+) -> Relaunch | None:
+    """After an out-of-memory death while serving: the ladder's next memory step from the
+    configuration that was serving (fewer sequences with graphs kept, then eager), or None when
+    none is left and the same configuration is relaunched. Steps the startup already took are
+    visible in `launch_env` and change nothing, so they are not taken twice.
+    """
+    prior: dict[str, str | None] = {
+        name: launch_env.get(name)
+        for name in set(base_env) | set(launch_env)
+        if base_env.get(name) != launch_env.get(name)
+    }
+    step = _seqs_step(launch_env, prior, max_concurrency) or _eager_step(launch_env, prior, device_total_bytes)
+    if step is None:
+        return None
+    overrides = {name: value for name, value in step.relaunch.overrides.items() if _changes(base_env, name, value)}
+    assert "MAX_MODEL_LEN" not in overrides
+    return replace(step.relaunch, overrides=overrides)
+
+
 # --- restarts of an engine that died while serving ------------------------------------------
 
 # An engine that served and then died is restarted in place with the same configuration, but

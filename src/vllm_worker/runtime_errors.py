@@ -29,6 +29,7 @@ from vllm_worker.failure_rules import clean_lines
 RUNTIME_KINDS: dict[str, str] = {
     "runtime_oom": "the engine started fine and then ran out of memory on a request",
     "engine_died": "the engine stopped while serving, for a reason other than memory",
+    "engine_hung": "the engine answered nothing, not even its health check, for ENGINE_HANG_TIMEOUT seconds",
 }
 
 # vLLM logs this once its API server listens (vllm/entrypoints/openai/api_server.py); what

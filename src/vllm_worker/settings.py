@@ -46,6 +46,7 @@ class Settings:
     gpu_memory_wait: bool = True
     engine_device: str = "auto"
     default_max_tokens: int | None = None
+    hang_timeout: float = 60.0
 
 
 # name -> (default as documented, None when unset; description); README's table is checked against this.
@@ -67,6 +68,11 @@ DOCUMENTED: dict[str, tuple[str | None, str]] = {
         "auto",
         "whose memory that wait reads: auto or cuda (the GPUs, through NVML or nvidia-smi), "
         "cpu (the host memory vLLM's CPU backend checks)",
+    ),
+    "ENGINE_HANG_TIMEOUT": (
+        "60",
+        "seconds the serving engine may leave its health check unanswered before it counts as hung, "
+        "is killed and restarted in place",
     ),
     "DEFAULT_MAX_TOKENS": (
         None,
@@ -168,4 +174,5 @@ def load(env: Mapping[str, str]) -> Settings:
             "a whole number greater than 0 (the max_tokens a prompt or messages job gets when it names none), "
             "or unset for up to the end of the context",
         ),
+        hang_timeout=_parse(env, "ENGINE_HANG_TIMEOUT", 60.0, _positive_seconds, seconds),
     )

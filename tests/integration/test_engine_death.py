@@ -76,7 +76,7 @@ def content(result: dict[str, Any]) -> str:
 # ----------------------------------------------------------------------------- a crash while serving
 
 
-def test_a_crash_while_serving_ends_the_running_job_and_the_same_configuration_serves_again(
+def test_an_oom_while_serving_ends_the_running_job_and_the_next_ladder_step_serves(
     cp: ControlPlane, tmp_path: Path
 ) -> None:
     engine = FakeEngine(
@@ -106,14 +106,17 @@ def test_a_crash_while_serving_ends_the_running_job_and_the_same_configuration_s
     # The running job got the cause, not a hang until REQUEST_TIMEOUT nor a bare connection error.
     expected = startup_errors.runtime_failure(vllm_texts.TORCH_OOM, seen, exit_code=1)
     assert expected.kind == "runtime_oom"
-    assert dying == {"error": f"{expected.message} {main.RESTARTING}"}
+    # The footprint that died is not relaunched: the ladder's first step, graphs kept (issue 12).
+    assert dying == {"error": f"{expected.message} The worker is restarting the engine with MAX_NUM_SEQS=32; retry the request."}
     assert "MAX_NUM_BATCHED_TOKENS" in expected.message and "MAX_NUM_SEQS (now 64)" in expected.message
     assert "GPU_MEMORY_UTILIZATION" not in expected.message
     assert content(waiting) == "w0 w1 w2"
 
     launches = engine.launches()
-    # The same configuration, relaunched in place: the argv is identical.
-    assert [launch["argv"] for launch in launches] == [launches[0]["argv"]] * 2
+    # Relaunched in place with fewer sequences, everything else as it was.
+    first_argv, second_argv = (launch["argv"] for launch in launches)
+    assert first_argv[first_argv.index("--max-num-seqs") + 1] == "64"
+    assert second_argv == [("32" if i == first_argv.index("--max-num-seqs") + 1 else w) for i, w in enumerate(first_argv)]
     served = engine.requests()
     assert [r["launch"] for r in served if r["method"] == "POST"] == [0, 0, 1]
 
@@ -128,8 +131,32 @@ def test_a_crash_while_serving_ends_the_running_job_and_the_same_configuration_s
         1,
         "runtime_oom",
     )
-    assert relaunched["profile"] == died["profile"] == "as configured"
+    assert died["profile"] == "as configured"
+    assert (relaunched["profile"], relaunched["overrides"]) == ("max_num_seqs=32", {"MAX_NUM_SEQS": "32"})
+    # Every later answer names the slower profile.
+    assert report["profile"]["name"] == "max_num_seqs=32"
     assert "the engine stopped while serving" in log and "launch 2:" in log
+
+
+def test_repeated_ooms_while_serving_walk_the_ladder_then_the_budget_answers(cp: ControlPlane, tmp_path: Path) -> None:
+    # Every launch serves, then dies of a CUDA out-of-memory on its first request.
+    engine = FakeEngine(tmp_path, [{"serve": True, "crash_after_requests": 0, "text": "TORCH_OOM", "exit_code": 1}])
+    env = worker_env(engine, MAX_NUM_SEQS="64")
+    try:
+        with WorkerProcess(env, control_plane=cp, workdir=tmp_path):
+            answers = [run_job(cp, JOB)[0] for _ in range(recovery.MAX_RESTARTS + 2)]
+            report = status(cp)
+    finally:
+        engine.kill_leftovers()
+
+    argvs = [launch["argv"] for launch in engine.launches()]
+    assert len(argvs) == recovery.MAX_RESTARTS + 1
+    # Step 1 keeps graphs with fewer sequences, step 2 goes eager, then the same footprint again.
+    assert argvs[1][argvs[1].index("--max-num-seqs") + 1] == "32" and "--enforce-eager" not in argvs[1]
+    assert "--enforce-eager" in argvs[2] and argvs[3] == argvs[2]
+    assert [r["profile"] for r in report["launches"]] == ["as configured", "max_num_seqs=32", "eager", "eager"]
+    assert report["fatal"] is not None and "not restarted again" in report["fatal"]
+    assert answers[-1] == answers[-2] == {"error": report["fatal"]}
 
 
 def test_a_configuration_that_keeps_killing_its_engine_is_answered_with_the_cause(

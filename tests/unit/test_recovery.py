@@ -394,3 +394,27 @@ def test_a_missing_model_is_never_relaunched(case: str, model: str) -> None:
     run = launch_until_stop(env, [real(case)] * 3)
     assert run.relaunches == [] and run.stop is not None
     assert run.stop.reason.startswith(("model_path_missing", "offline_not_cached"))
+
+
+# --- an out-of-memory death while serving walks the same ladder (issue 12) -------------------
+
+
+def test_after_an_oom_death_the_ladder_goes_seqs_then_eager_then_nothing_left() -> None:
+    from vllm_worker import recovery
+    from vllm_worker.launcher import apply_overrides
+
+    base = {**BASE, "MAX_NUM_SEQS": "64"}
+    first = recovery.next_after_death(base, base, 30)
+    assert first is not None and (first.profile, first.overrides) == ("max_num_seqs=32", {"MAX_NUM_SEQS": "32"})
+    second = recovery.next_after_death(base, apply_overrides(base, first.overrides), 30)
+    assert second is not None and second.profile == "eager"
+    assert second.overrides == {"MAX_NUM_SEQS": "32", "ENFORCE_EAGER": "true"}
+    assert recovery.next_after_death(base, apply_overrides(base, second.overrides), 30) is None
+
+
+def test_after_an_oom_death_a_step_startup_took_is_not_taken_again() -> None:
+    # Started on the eager profile already (the startup ladder or the capacity plan chose it).
+    from vllm_worker import recovery
+
+    serving = {**BASE, "MAX_NUM_SEQS": "32", "ENFORCE_EAGER": "true"}
+    assert recovery.next_after_death(BASE, serving, 30) is None

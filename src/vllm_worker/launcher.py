@@ -1,0 +1,299 @@
+"""One launch attempt of the engine, used for startup and for every restart alike.
+
+A launch is always the same steps: build the argv from the launch configuration, check the
+engine command can start, wait until the memory vLLM checks at startup is free, start
+`vllm serve` in its own process group, wait for /health or the process's end, and on a
+failure stop it and diagnose its output. `Launcher.attempt` does exactly that and returns
+what happened with the record the status job shows. `start_engine` walks the startup
+ladder with it; `monitor.EngineMonitor` restarts a dead or hung engine with it, so a
+restart after an out-of-memory death walks the same ladder.
+
+`Supervisor` owns the engine across launches (as TGI's launcher owns its shards), so a
+signal at any moment can stop whatever is running.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Literal, Mapping, Sequence
+
+from vllm_worker import args_builder, capacity, recovery, startup_errors
+from vllm_worker import settings as settings_mod
+from vllm_worker.engine import Engine, command_problem
+
+log = logging.getLogger("vllm_worker")
+
+MemoryWait = Callable[[Mapping[str, str]], "str | None"]
+
+
+class Supervisor:
+    """Owns the engine across launches, so a signal at any moment can stop it."""
+
+    def __init__(self, settings: settings_mod.Settings) -> None:
+        self.settings = settings
+        self.engine: Engine | None = None
+        self._lock = threading.Lock()
+        self._stopping = False
+
+    def launch(self, argv: list[str], env: Mapping[str, str], log_argv: str) -> Engine:
+        with self._lock:
+            if self._stopping:
+                raise SystemExit(143)
+            self.engine = Engine(
+                argv,
+                env,
+                host=self.settings.vllm_host,
+                port=self.settings.vllm_port,
+                tail_lines=self.settings.log_tail_lines,
+                log_argv=log_argv,
+            )
+            self.engine.start()
+            return self.engine
+
+    def stop(self) -> None:
+        """Stop the engine, whatever its state (starting, serving, stopped by a signal, ignoring SIGTERM)."""
+        with self._lock:
+            self._stopping = True
+            engine = self.engine
+        if engine is not None:
+            engine.stop(self.settings.stop_grace)
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
+
+
+def apply_overrides(env: Mapping[str, str], overrides: Mapping[str, str | None]) -> dict[str, str]:
+    """The launch configuration of a ladder profile: a value sets the variable, None removes it."""
+    launch_env = dict(env)
+    for key, value in overrides.items():
+        if value is None:
+            launch_env.pop(key, None)
+        else:
+            launch_env[key] = value
+    return launch_env
+
+
+def startup_timeout_message(settings: settings_mod.Settings) -> str:
+    return (
+        f"vLLM did not become ready within VLLM_STARTUP_TIMEOUT={settings.startup_timeout:g} seconds "
+        "and was stopped; if the model is large and still downloading, raise VLLM_STARTUP_TIMEOUT "
+        "or bake the model into the image."
+    )
+
+
+def capacity_line(tail: str) -> str | None:
+    for line in reversed(tail.splitlines()):
+        if "Maximum concurrency for" in line or "KV cache size:" in line or "GPU KV cache size" in line:
+            return line.split("] ", 1)[-1].strip()
+    return None
+
+
+def launch_failure(
+    engine: Engine,
+    launch_env: Mapping[str, str],
+    settings: settings_mod.Settings,
+    tried: Sequence[str] = (),
+    weights_bytes: int | None = None,
+) -> startup_errors.Diagnosis:
+    """Why a launch ended before it was ready; always an answer, never an exit."""
+    if engine.spawn_error is not None:
+        return startup_errors.engine_command_failure(
+            settings.vllm_command, engine.spawn_error, configured=bool(launch_env.get("VLLM_COMMAND"))
+        )
+    return startup_errors.explain(
+        engine.tail(),
+        launch_env.get("MODEL_NAME"),
+        revision=launch_env.get("MODEL_REVISION"),
+        exit_code=engine.returncode,
+        env=launch_env,
+        tried=tried,
+        weights_bytes=weights_bytes,
+    )
+
+
+@dataclass
+class Attempt:
+    """What one launch came to.
+
+    outcome: "ready" (engine serving), "failed" (diagnosis says why), "timeout", "fatal" (the
+    launch could not even start: message says why), or "stopped" (the worker is shutting down).
+    """
+
+    outcome: Literal["ready", "failed", "timeout", "fatal", "stopped"]
+    record: dict[str, Any]
+    engine: Engine | None = None
+    diagnosis: startup_errors.Diagnosis | None = None
+    message: str | None = None
+    served_model_name: str = ""
+    warnings: list[str] = field(default_factory=list)
+
+
+class Launcher:
+    """Performs launch attempts; the only place an engine is started."""
+
+    def __init__(
+        self,
+        settings: settings_mod.Settings,
+        supervisor: Supervisor,
+        wait_for_memory: MemoryWait | None,
+        weights_bytes: int | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.settings = settings
+        self.supervisor = supervisor
+        self.wait_for_memory = wait_for_memory
+        self.weights_bytes = weights_bytes
+        self.clock = clock
+        self.count = 0
+
+    def attempt(self, launch_env: Mapping[str, str], record: dict[str, Any], tried: Sequence[str] = ()) -> Attempt:
+        """Launch once with `launch_env`; `record` (profile, overrides, ...) is completed and returned."""
+        self.count += 1
+        record = {"launch": self.count, **record}
+        try:
+            built = args_builder.build_args(launch_env, self.settings)
+        except args_builder.ArgsError as exc:
+            return Attempt("fatal", record, message=str(exc))
+        for warning in built.warnings:
+            log.warning(warning)
+        unstartable = command_problem(built.argv, built.engine_env)
+        if unstartable is not None:
+            configured = bool(launch_env.get("VLLM_COMMAND"))
+            message = startup_errors.engine_command_failure(self.settings.vllm_command, unstartable, configured).message
+            return Attempt("fatal", record, message=message, served_model_name=built.served_model_name)
+        if self.wait_for_memory is not None:
+            problem = self.wait_for_memory(launch_env)
+            if problem:
+                return Attempt("fatal", record, message=problem, served_model_name=built.served_model_name)
+        masked = args_builder.mask(built.argv)
+        log.info("launch %d: %s", self.count, masked)
+        started = self.clock()
+        engine = self.supervisor.launch(built.argv, built.engine_env, masked)
+        state = engine.wait_ready(self.settings.startup_timeout)
+        record["seconds"] = round(self.clock() - started, 1)
+        result = Attempt("ready", record, served_model_name=built.served_model_name, warnings=list(built.warnings))
+        if state == "ready":
+            record["outcome"] = "ready"
+            result.engine = engine
+            return result
+        if self.supervisor.stopping:
+            record["outcome"] = result.outcome = "stopped"
+            return result
+        engine.stop(self.settings.stop_grace)
+        if state == "timeout":
+            record["outcome"] = result.outcome = "timeout"
+            result.message = startup_timeout_message(self.settings)
+            return result
+        result.diagnosis = launch_failure(engine, launch_env, self.settings, tried, self.weights_bytes)
+        record.update(outcome="failed", exit_code=engine.returncode, cause=result.diagnosis.kind)
+        result.outcome = "failed"
+        return result
+
+
+@dataclass
+class StartupOutcome:
+    """What startup produced: a ready engine, or the sentence every job is answered with."""
+
+    engine: Engine | None = None
+    fatal: str | None = None
+    served_model_name: str = ""
+    profile: dict[str, Any] | None = None
+    launches: list[dict[str, Any]] = field(default_factory=list)
+    capacity: str | None = None
+    capacity_plan: dict[str, Any] = field(default_factory=dict)
+    launch_env: dict[str, str] = field(default_factory=dict)  # the configuration that became ready
+    model_cache: dict[str, str] | None = None  # the on-disk snapshot served, when one was
+    warnings: list[str] = field(default_factory=list)  # the launch configuration's warnings, for the status job
+    base_env: dict[str, str] = field(default_factory=dict)  # the user's configuration, before any ladder step
+    launcher: Launcher | None = None  # what made the launches; restarts go on through it
+    device_total_bytes: int | None = None
+
+
+def start_engine(
+    env: Mapping[str, str],
+    settings: settings_mod.Settings,
+    supervisor: Supervisor,
+    wait_for_memory: MemoryWait | None = None,
+    startup_plan: capacity.StartupPlan | None = None,
+    device_total_bytes: int | None = None,
+    launcher: Launcher | None = None,
+) -> StartupOutcome:
+    """Launch the engine, relaunching per the recovery ladder, until ready or out of options.
+
+    A capacity plan that predicts the configuration cannot fit starts the first launch on
+    the ladder profile it predicts will (`startup_plan.relaunch`), so the ladder's later
+    steps stay available as the safety net.
+    """
+    if launcher is None:
+        weights = startup_plan.predicted.weights_bytes if startup_plan and startup_plan.predicted else None
+        launcher = Launcher(settings, supervisor, wait_for_memory, weights)
+    outcome = StartupOutcome(base_env=dict(env), launcher=launcher, device_total_bytes=device_total_bytes)
+    attempts: list[recovery.Attempt] = []
+    tried: list[str] = []
+    pending: recovery.Relaunch | None = None
+    if startup_plan is not None and startup_plan.relaunch is not None:
+        pending = startup_plan.relaunch
+    launch_env = apply_overrides(env, pending.overrides if pending else {})
+    while True:
+        record: dict[str, Any] = {
+            "profile": pending.profile if pending else "as configured",
+            "overrides": dict(pending.overrides) if pending else {},
+        }
+        result = launcher.attempt(launch_env, record, tried)
+        outcome.served_model_name = result.served_model_name or outcome.served_model_name
+        outcome.warnings += [w for w in result.warnings if w not in outcome.warnings]
+        if result.outcome == "fatal":
+            outcome.fatal = result.message
+            return outcome
+        outcome.launches.append(result.record)
+        if result.outcome == "ready":
+            assert result.engine is not None
+            outcome.engine = result.engine
+            outcome.launch_env = dict(launch_env)
+            outcome.capacity = capacity_line(result.engine.tail())
+            if startup_plan is not None:
+                outcome.capacity_plan = capacity_status(startup_plan, launch_env, result.engine.tail(), settings)
+            if pending is not None:
+                outcome.profile = profile_notice(pending, tried)
+            return outcome
+        if result.outcome in ("timeout", "stopped"):
+            outcome.fatal = result.message or "The worker is shutting down."
+            return outcome
+        diagnosis = result.diagnosis
+        assert diagnosis is not None
+        attempts.append(recovery.Attempt(env=dict(launch_env), diagnosis=diagnosis))
+        log.error("launch %d failed: %s", result.record["launch"], diagnosis.message)
+        step = recovery.next_launch(env, attempts, settings.max_concurrency, device_total_bytes=device_total_bytes)
+        if isinstance(step, recovery.Stop):
+            outcome.fatal = diagnosis.message
+            return outcome
+        for warning in step.warnings:
+            log.warning(warning)
+        log.warning("relaunching (%s): %s", step.profile, step.reason)
+        if step.wait_for_memory and wait_for_memory is None:
+            tried.append("relaunched with the same settings, without waiting for memory (GPU_MEMORY_WAIT=false)")
+        else:
+            tried.append(step.tried_phrase)
+        launch_env = apply_overrides(env, step.overrides)
+        pending = step if step.profile != "same" else pending
+
+
+def profile_notice(step: recovery.Relaunch, tried: Sequence[str]) -> dict[str, Any]:
+    """The degraded profile every response names (handler's `worker` object)."""
+    return {"name": step.profile, "reason": step.reason, "overrides": dict(step.overrides), "tried": list(tried)}
+
+
+def capacity_status(
+    startup_plan: capacity.StartupPlan, launch_env: Mapping[str, str], tail: str, settings: settings_mod.Settings
+) -> dict[str, Any]:
+    """Predicted against actual capacity, logged once and kept for the status job."""
+    predicted = startup_plan.predict_for(launch_env)
+    report = capacity.capacity_report(predicted, capacity.parse_engine_capacity(tail), settings.max_concurrency)
+    log.info("%s", report.log_line)
+    for warning in report.warnings:
+        log.warning("%s", warning)
+    return {**startup_plan.status_fields(), **report.status}
