@@ -32,21 +32,15 @@ def test_a_cached_model_is_served_offline_with_the_hub_unreachable(tiny_model: P
         snapshot = Path(snapshot_download(REPO, cache_dir=root, endpoint=hub.endpoint))
     unreachable = f"http://127.0.0.1:{engine_env.free_port()}"
 
-    env = {
-        **{k: v for k, v in engine_env.ENGINE_ENV.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")},
-        "HF_ENDPOINT": unreachable,
-        "RUNPOD_MODEL_CACHE": str(root),
-        "HF_HOME": str(tmp_path / "hf-home"),
-        "MODEL_NAME": REPO,
-        "VLLM_COMMAND": f"{engine_env.VLLM_BIN} serve",
-        "VLLM_PORT": str(engine_env.free_port()),
-        "ENFORCE_EAGER": "true",
-        "MAX_MODEL_LEN": "512",
-        "KV_CACHE_MEMORY_BYTES": str(engine_env.TINY_KV_CACHE_BYTES),
-        "DTYPE": engine_env.TINY_DTYPE,
-        "MAX_CONCURRENCY": "2",
-        "VLLM_STARTUP_TIMEOUT": str(int(engine_env.BOOT_TIMEOUT)),
-    }
+    env = engine_env.tiny_worker_env(
+        REPO,
+        HF_HUB_OFFLINE=None,
+        TRANSFORMERS_OFFLINE=None,
+        HF_ENDPOINT=unreachable,
+        RUNPOD_MODEL_CACHE=str(root),
+        HF_HOME=str(tmp_path / "hf-home"),
+        MAX_CONCURRENCY="2",
+    )
     with ControlPlane() as cp, WorkerProcess(env, control_plane=cp, workdir=tmp_path) as worker:
         job = cp.submit({"prompt": "Hello", "sampling_params": {"max_tokens": 4, "ignore_eos": True}})
         result = cp.result(job, timeout=engine_env.BOOT_TIMEOUT)

@@ -55,20 +55,7 @@ def gone(procs: list[psutil.Process]) -> bool:
 def test_a_stopped_engine_is_killed_and_relaunched_and_a_sigterm_during_a_hang_leaves_nothing(
     tiny_model: Path, tmp_path: Path
 ) -> None:
-    env = {
-        **engine_env.ENGINE_ENV,
-        "MODEL_NAME": str(tiny_model),
-        "VLLM_COMMAND": f"{engine_env.VLLM_BIN} serve",
-        "VLLM_PORT": str(engine_env.free_port()),
-        "ENFORCE_EAGER": "true",
-        "MAX_MODEL_LEN": "512",
-        "KV_CACHE_MEMORY_BYTES": str(engine_env.TINY_KV_CACHE_BYTES),
-        "DTYPE": engine_env.TINY_DTYPE,
-        "MAX_CONCURRENCY": "4",
-        "VLLM_STARTUP_TIMEOUT": str(int(engine_env.BOOT_TIMEOUT)),
-        "ENGINE_HANG_TIMEOUT": str(HANG_TIMEOUT),
-        "VLLM_STOP_GRACE": "5",
-    }
+    env = engine_env.tiny_worker_env(tiny_model, ENGINE_HANG_TIMEOUT=str(HANG_TIMEOUT), VLLM_STOP_GRACE="5")
     long_job = {"prompt": "Once upon a time", "max_tokens": 480, "ignore_eos": True}
     with ControlPlane() as cp:
         worker = WorkerProcess(env, control_plane=cp, workdir=tmp_path).start()

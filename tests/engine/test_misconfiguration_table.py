@@ -56,20 +56,7 @@ class Row:
 
 
 def row_env(model: Path, variable: str, value: str) -> dict[str, str]:
-    env = {
-        **engine_env.ENGINE_ENV,
-        "MODEL_NAME": str(model),
-        "VLLM_COMMAND": f"{engine_env.VLLM_BIN} serve",
-        "VLLM_PORT": str(engine_env.free_port()),
-        "ENFORCE_EAGER": "true",
-        "MAX_MODEL_LEN": "512",
-        "KV_CACHE_MEMORY_BYTES": str(engine_env.TINY_KV_CACHE_BYTES),
-        "DTYPE": engine_env.TINY_DTYPE,
-        "MAX_CONCURRENCY": "4",
-        "VLLM_STARTUP_TIMEOUT": str(int(BOOT_TIMEOUT)),
-    }
-    env[variable] = value
-    return env
+    return engine_env.tiny_worker_env(model, **{variable: value})
 
 
 @pytest.fixture(scope="module")

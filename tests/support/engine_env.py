@@ -149,3 +149,26 @@ def start_ready_engine(argv: list[str], port: int, timeout: float = BOOT_TIMEOUT
             pytrace=False,
         )
     return engine
+
+
+def tiny_worker_env(model: Path | str, **overrides: str | None) -> dict[str, str]:
+    """The worker's configuration for the tiny model on the real CPU engine, as a user would set it;
+    `overrides` set variables (None removes one)."""
+    env = {
+        **ENGINE_ENV,
+        "MODEL_NAME": str(model),
+        "VLLM_COMMAND": f"{VLLM_BIN} serve",
+        "VLLM_PORT": str(free_port()),
+        "ENFORCE_EAGER": "true",
+        "MAX_MODEL_LEN": "512",
+        "KV_CACHE_MEMORY_BYTES": str(TINY_KV_CACHE_BYTES),
+        "DTYPE": TINY_DTYPE,
+        "MAX_CONCURRENCY": "4",
+        "VLLM_STARTUP_TIMEOUT": str(int(BOOT_TIMEOUT)),
+    }
+    for name, value in overrides.items():
+        if value is None:
+            env.pop(name, None)
+        else:
+            env[name] = value
+    return env
