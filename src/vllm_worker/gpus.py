@@ -12,6 +12,12 @@ vLLM logs are 0.41-0.49 GiB (RTX 4090/3090 class: 24564 MiB vs "total_gpu_memory
 (23.58GiB)"; H100 80GB HBM3: 81559 MiB vs "total_gpu_memory 79.22GiB" in vLLM PR
 #10511; RTX PRO 4500 Blackwell: 32623 MiB vs 33689829376 B in vLLM PR #51590), so
 450 MiB is used, and a plan from a card name carries that ~50 MiB uncertainty.
+
+Where public logs show the total itself, the table keeps it (`cuda_total_gib`): torch
+prints it in every out-of-memory error ("GPU 0 has a total capacity of 14.74 GiB") and
+vLLM in "Free memory on device (30.76/31.36 GiB)". The figure is the most frequent one
+found for the card (tests/unit/test_capacity_calibration.py uses the same figures for
+boots whose log names the card but not its total).
 """
 
 from __future__ import annotations
@@ -31,40 +37,43 @@ class Card:
     name: str
     smi_total_mib: int  # nvidia-smi --query-gpu=memory.total
     aliases: tuple[str, ...] = ()
+    cuda_total_gib: float | None = None  # the total torch/vLLM report, where public logs show it
 
     @property
     def total_bytes(self) -> int:
-        """The total CUDA reports (what vLLM multiplies by the utilization), estimated."""
+        """The total CUDA reports (what vLLM multiplies by the utilization): as logged, else estimated."""
+        if self.cuda_total_gib is not None:
+            return int(self.cuda_total_gib * GiB)
         return (self.smi_total_mib - DRIVER_RESERVED_MIB) * MiB
 
 
 # Cards Runpod and similar clouds rent out most, smallest first.
 CARDS: tuple[Card, ...] = (
-    Card("T4", 15360, ("tesla t4",)),
+    Card("T4", 15360, ("tesla t4",), 14.74),
     Card("RTX A4000", 16376, ("a4000",)),
     Card("RTX 4080", 16376, ("geforce rtx 4080", "4080")),
     Card("RTX 4000 Ada", 20475, ("rtx 4000 ada generation", "4000 ada")),
     Card("RTX A4500", 20470, ("a4500",)),
-    Card("A10G", 23028, ("a10g",)),
+    Card("A10G", 23028, ("a10g",), 21.98),
     Card("A10", 23028, ("a10",)),
-    Card("L4", 23034, ("l4",)),
-    Card("RTX 3090", 24576, ("geforce rtx 3090", "3090")),
-    Card("RTX 4090", 24564, ("geforce rtx 4090", "4090")),
+    Card("L4", 23034, ("l4",), 21.96),
+    Card("RTX 3090", 24576, ("geforce rtx 3090", "3090"), 23.69),
+    Card("RTX 4090", 24564, ("geforce rtx 4090", "4090"), 23.52),
     Card("RTX A5000", 24564, ("a5000",)),
     Card("A30", 24576, ("a30",)),
-    Card("RTX 5090", 32607, ("geforce rtx 5090", "5090")),
+    Card("RTX 5090", 32607, ("geforce rtx 5090", "5090"), 31.36),
     Card("V100 32GB", 32768, ("tesla v100 32gb", "v100")),
-    Card("A100 40GB", 40960, ("a100 40gb", "a100-sxm4-40gb", "a100-pcie-40gb")),
+    Card("A100 40GB", 40960, ("a100 40gb", "a100-sxm4-40gb", "a100-pcie-40gb"), 39.49),
     Card("L40", 46068, ("l40",)),
     Card("L40S", 46068, ("l40s",)),
     Card("A40", 46068, ("a40",)),
-    Card("RTX A6000", 49140, ("a6000",)),
+    Card("RTX A6000", 49140, ("a6000",), 47.53),
     Card("RTX 6000 Ada", 49140, ("rtx 6000 ada generation", "6000 ada")),
-    Card("A100 80GB", 81920, ("a100", "a100 80gb", "a100-sxm4-80gb", "a100 80gb pcie", "a100-sxm")),
-    Card("H100 80GB", 81559, ("h100", "h100 80gb hbm3", "h100 pcie", "h100 sxm", "h100-sxm", "h800")),
+    Card("A100 80GB", 81920, ("a100", "a100 80gb", "a100-sxm4-80gb", "a100 80gb pcie", "a100-sxm"), 79.15),
+    Card("H100 80GB", 81559, ("h100", "h100 80gb hbm3", "h100 pcie", "h100 sxm", "h100-sxm", "h800"), 79.19),
     Card("H100 NVL", 95830, ("h100 nvl",)),
-    Card("RTX PRO 6000", 97887, ("rtx pro 6000 blackwell", "pro 6000")),
-    Card("H200", 143771, ("h200", "h200 sxm", "h200 nvl")),
+    Card("RTX PRO 6000", 97887, ("rtx pro 6000 blackwell", "pro 6000"), 94.97),
+    Card("H200", 143771, ("h200", "h200 sxm", "h200 nvl"), 139.80),
     Card("B200", 183359, ("b200",)),
 )
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import struct
 import subprocess
 import sys
@@ -72,7 +73,9 @@ def test_json_for_a_hub_model(hub: HubStub, tmp_path: Path) -> None:
     assert data["kv_cache_bytes"] // (2 * 1024 * 1024) == blocks
     assert data["kv_cache_tokens"] == blocks * 16
     assert data["max_concurrency"] == pytest.approx(blocks / (8192 / 16), abs=1e-4)
-    assert data["max_model_len"] == min(131072, (blocks - 1) * 16)  # the longest that fits
+    # vLLM's own estimate at the predicted memory, and the band around it; the plan states the low end.
+    assert data["max_model_len_fits"] == min(131072, (blocks - 1) * 16)
+    assert data["max_model_len"] == data["max_model_len_low"] < data["max_model_len_fits"] < data["max_model_len_high"]
     assert data["context_len"] == 8192 and data["verdict"] == "fits" and data["fits"] is True
     # Two Hub requests, no weights: config.json and the safetensors metadata.
     requests = model_requests(hub)
@@ -89,6 +92,24 @@ def test_table_when_it_does_not_fit(hub: HubStub, tmp_path: Path) -> None:
     assert "DOES NOT FIT" in table and "RTX 4090" in table
     smallest = next(line for line in table.splitlines() if line.startswith("smallest change"))
     assert "--max-model-len" in smallest
+
+
+def test_table_and_json_state_one_longest_context(hub: HubStub, tmp_path: Path) -> None:
+    args = (LLAMA, "--gpu", "RTX 4090")
+    table = run_plan(hub, *args, home=tmp_path).stdout
+    data = json.loads(run_plan(hub, *args, "--json", home=tmp_path).stdout)
+    rows = dict(line.split("  ", 1) for line in table.splitlines() if "  " in line)
+    stated = int(re.match(r"\s*([\d,]+) tokens", rows["longest context"]).group(1).replace(",", ""))
+    assert stated == data["max_model_len"] == data["max_model_len_low"]
+    assert f"error band {stated:,} to {data['max_model_len_high']:,}" in rows["longest context"]
+    suggested = next(c for c in data["changes"] if c["variable"] == "MAX_MODEL_LEN")
+    assert suggested["value"] == str(stated)
+    assert f"--max-model-len {stated} (the longest context that fits" in table
+    assert data["verdict"] == "does_not_fit" and "DOES NOT FIT" in rows["verdict"]
+    # A context inside the band is too close to call: the CLI says so and exits 0 (vLLM may well start).
+    inside = (data["max_model_len_fits"] + data["max_model_len_high"]) // 2
+    close = run_plan(hub, *args, "--max-model-len", str(inside), "--json", home=tmp_path)
+    assert close.returncode == 0 and json.loads(close.stdout)["verdict"] == "too_close_to_call"
 
 
 def test_flags_change_the_plan(hub: HubStub, tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import struct
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -188,6 +189,7 @@ def test_deepseek_mla_latent_is_not_divided_by_tp() -> None:
     assert cap.kv_bytes_per_token(f, kv_cache_dtype="fp8") == 61 * 576
     assert cap.default_block_size(f, knobs()) == 64  # FlashMLA
     assert cap.default_block_size(f, knobs(platform="cpu")) == 16  # reference CPU MLA
+    assert cap.default_block_size(f, knobs(platform="cpu", cpu_amx=True)) == 128  # AMX_MLA: the CPU default
     assert f.max_context == 163840  # yarn: max_position_embeddings is already the scaled length
 
 
@@ -437,17 +439,84 @@ def test_plan_that_does_not_fit_offers_changes_that_do() -> None:
     assert p.verdict == "does_not_fit" and not p.fits
     changes = {c.variable: c.value for c in p.changes}
     assert changes["KV_CACHE_DTYPE"] == "fp8"  # 8192 blocks of 16 tokens hold 100,000
-    assert changes["MAX_MODEL_LEN"] == str(65520 // 256 * 256)
+    assert changes["MAX_MODEL_LEN"] == "65520" == str(p.longest_context)  # (4096 - 1) x 16: the null block held back
 
 
 def test_gpu_budget_terms_add_up() -> None:
     f = facts(LLAMA_31_8B, LLAMA_31_8B_PARAMS)
     p = cap.plan(f, RTX_4090, knobs({"MAX_MODEL_LEN": "8192"}, max_concurrency=30))
     assert p.requested_bytes == -(-RTX_4090 * 92 // 100)
+    # The worker cannot know whether torch.compile's cache is warm: a cold compile is counted
+    # at the conservative end of the band only, not in the central prediction.
+    assert p.compile_cache == "unknown" and p.compile_bytes > 0
     assert p.kv_cache_bytes == p.requested_bytes - p.weights_bytes - p.non_torch_bytes - p.activation_bytes - p.cudagraph_bytes
     assert p.num_blocks == p.kv_cache_bytes // (2 * MiB)
     assert p.verdict == "fits" and p.max_model_len_fits < f.max_context
-    assert 0 < p.margin_bytes < 2 * GiB
+    assert 0 < p.margin_bytes < 1 * GiB
+    cold = cap.plan(f, RTX_4090, replace(knobs({"MAX_MODEL_LEN": "8192"}, max_concurrency=30), compile_cache="cold"))
+    assert cold.kv_cache_bytes == p.kv_cache_bytes - p.compile_bytes
+    warm = cap.plan(f, RTX_4090, replace(knobs({"MAX_MODEL_LEN": "8192"}, max_concurrency=30), compile_cache="warm"))
+    assert warm.kv_cache_bytes == p.kv_cache_bytes and warm.compile_bytes == 0
+    assert warm.max_model_len_low > p.max_model_len_low  # no first-boot allowance at the conservative end
+
+
+def test_gpu_terms_follow_vllm_032s_profile_run() -> None:
+    f = facts(LLAMA_31_8B, LLAMA_31_8B_PARAMS)
+    k = knobs({"MAX_MODEL_LEN": "8192"}, max_concurrency=30)  # MAX_NUM_SEQS=32, 2048 batched tokens (< 70 GiB)
+    # Forward pass: gate_up + SiluAndMul (3 x 14336) and four hidden-sized tensors per token, in bf16.
+    assert cap.forward_bytes_per_token(f, k) == (3 * 14336 + 4 * 4096) * 2
+    # V2 runner: the sampler warm-up samples from 32 rows of float32 logits; the forward pass is the peak.
+    assert cap.sampler_bytes(f, k, 32, 2048) == 32 * 128256 * 4
+    assert cap.activation_bytes(f, k, 32, 2048) == 2048 * (3 * 14336 + 4 * 4096) * 2
+    # CUDA graphs: 11 PIECEWISE sizes up to 64 and 7 FULL ones up to 32, 138,000 bytes per graph and
+    # layer, plus the largest size's activations.
+    graphs, count = cap.cudagraph_bytes(f, k, 32, 2048)
+    assert count == 18 and graphs == int(64 * (3 * 14336 + 4 * 4096) * 2 + 138_000 * 32 * 18)
+    # A cold compile: 4.5 x layers x hidden x batched tokens x 2 bytes, held at 28 x 3584 and 2048 tokens.
+    assert cap.compile_bytes(f, k, 2048) == int(4.5 * (28 * 3584) * 2048 * 2)  # 32 x 4096 is larger: held
+    small = facts({**LLAMA_31_8B, "num_hidden_layers": 4})
+    assert cap.compile_bytes(small, k, 1024) == int(4.5 * 4 * 4096 * 1024 * 2)
+    assert cap.compile_bytes(f, replace(k, enforce_eager=True), 2048) == 0
+    assert cap.non_torch_bytes(k) == 512 * MiB
+
+
+def test_older_vllm_versions_budget_differently() -> None:
+    v032 = cap.budgeting_for("0.32.0")
+    assert v032 == replace(cap.VLLM_032, version="0.32.0") and v032.graphs_in_budget and v032.runner == "v2"
+    old = cap.budgeting_for("0.10.1.1")
+    assert (old.runner, old.graphs_in_budget, old.cold_compile_factor, old.reports_capacity) == ("v1", False, 0.0, False)
+    assert old.sampler_bytes_per_logit > cap.budgeting_for("0.10.1.1", flashinfer_sampler=True).sampler_bytes_per_logit
+    assert cap.budgeting_for("0.19.1").sampler_bytes_per_logit < old.sampler_bytes_per_logit
+    with pytest.raises(ValueError):
+        cap.budgeting_for("unknown")
+    f = facts(LLAMA_31_8B, LLAMA_31_8B_PARAMS)
+    env = {"MAX_MODEL_LEN": "8192", "MAX_NUM_SEQS": "1024", "MAX_NUM_BATCHED_TOKENS": "8192"}
+    new = cap.plan(f, H100, knobs(env))
+    before = cap.plan(f, H100, replace(knobs(env), budgeting=old))
+    # V1's sampler warm-up over 1024 rows x 128,256 logits dominates the peak; V1 captured graphs after sizing.
+    assert before.activation_bytes == int(8192 * 4096 * 2 + 1024 * 128256 * old.sampler_bytes_per_logit)
+    assert before.cudagraph_bytes == 0 and new.cudagraph_bytes > 0 and before.budget_version == "0.10.1.1"
+
+
+def test_one_longest_context_with_its_band_and_a_verdict_inside_it() -> None:
+    f = facts(LLAMA_31_8B, LLAMA_31_8B_PARAMS)
+    base = cap.plan(f, RTX_4090, knobs({}, max_concurrency=30), max_concurrency=30)
+    assert base.verdict == "does_not_fit"  # the full 131,072-token context
+    low, central, high = base.max_model_len_low, base.max_model_len_fits, base.max_model_len_high
+    assert 0 < low < central < high < f.max_context and base.longest_context == low
+    change = next(c for c in base.changes if c.variable == "MAX_MODEL_LEN")
+    assert change.value == str(low)  # the suggestion is the number the plan states
+    assert base.to_json()["max_model_len"] == low and base.to_json()["max_model_len_high"] == high
+
+    def verdict(length: int) -> str:
+        return cap.plan(f, RTX_4090, knobs({"MAX_MODEL_LEN": str(length)}, max_concurrency=30)).verdict
+
+    assert verdict(low) == "fits"
+    assert verdict((central + high) // 2) == "too_close_to_call"
+    assert verdict(high + 4096) == "does_not_fit"
+    table = cap.render_table(cap.plan(f, RTX_4090, knobs({"MAX_MODEL_LEN": str(central)}, max_concurrency=30)), f,
+                             "RTX 4090", 30)
+    assert "too close to call" in table
 
 
 def test_utilization_beyond_the_free_memory_is_a_problem() -> None:
@@ -508,7 +577,7 @@ def test_weights_alone_exceed_the_card() -> None:
     d = cap.fit_profile(f, RTX_4090, {"MODEL_NAME": "m"}, 30)
     assert d.status == "cannot_fit"
     message = d.fatal_message or ""
-    assert "its weights alone take 131.4 GiB per GPU of the 21.7 GiB vLLM may use" in message
+    assert "its weights alone take 131.4 GiB per GPU of the 21.6 GiB vLLM may use" in message
     assert "set TENSOR_PARALLEL_SIZE=8 and run on 8 GPUs like this one" in message
     assert "quantized checkpoint" in message
 
@@ -635,6 +704,58 @@ def test_capacity_report_compares_and_warns() -> None:
     assert len(report.warnings) == 1 and "fewer than MAX_CONCURRENCY=30" in report.warnings[0]
     assert cap.capacity_report(predicted, actual, 4).warnings == []
     assert cap.capacity_report(None, None, 4).status == {}
+
+
+BOOTS = Path(__file__).resolve().parents[1] / "field" / "boots"
+
+
+def boot_log(prefix: str) -> str:
+    return next(BOOTS.glob(f"{prefix}_*.log")).read_text()
+
+
+def test_parse_engine_capacity_reads_the_budget_terms_of_a_real_boot() -> None:
+    # Boot 007 (vLLM 0.29, RTX 5090): the wordings are vLLM 0.32's (gpu_worker.py, gpu/model_runner.py).
+    got = cap.parse_engine_capacity(boot_log("007"))
+    assert got is not None and (got.kv_tokens, got.max_concurrency, got.max_model_len) == (209120, 25.53, 8192)
+    gib = {name: round(getattr(got, name) / GiB, 2) for name in (
+        "weights_bytes", "kv_cache_bytes", "consumed_bytes", "peak_activation_bytes", "cudagraph_estimate_bytes",
+        "cudagraph_actual_bytes", "requested_bytes", "total_bytes")}
+    assert gib == {"weights_bytes": 14.29, "kv_cache_bytes": 11.17, "consumed_bytes": 15.65,
+                   "peak_activation_bytes": 1.4, "cudagraph_estimate_bytes": 0.38, "cudagraph_actual_bytes": 0.18,
+                   "requested_bytes": 28.22, "total_bytes": 31.36}
+    # Before 0.21 the capacity was two log lines (boot 002, vLLM 0.10.1).
+    older = cap.parse_engine_capacity(boot_log("002"))
+    assert older is not None and (older.kv_tokens, older.max_concurrency, older.max_model_len) == (464848, 28.37, 16384)
+    assert older.consumed_bytes is None and older.kv_cache_bytes == int(24.83 * GiB)
+
+
+def _boot_007_plan(compile_cache: str) -> cap.Plan:
+    config = json.loads((BOOTS / "configs" / "Qwen--Qwen2.5-7B-Instruct.json").read_text())
+    f = cap.facts_from_config(config, {"BF16": 7_615_616_512}, source="Qwen/Qwen2.5-7B-Instruct")
+    k = replace(knobs({"GPU_MEMORY_UTILIZATION": "0.9", "MAX_MODEL_LEN": "8192"}), compile_cache=compile_cache)
+    return cap.plan(f, int(31.36 * GiB), k)
+
+
+def test_capacity_report_keeps_predicted_and_actual_per_term() -> None:
+    actual = cap.parse_engine_capacity(boot_log("007"))
+    report = cap.capacity_report(_boot_007_plan("cold"), actual, 4)
+    terms = report.status["capacity_terms"]
+    assert set(terms) == {"weights", "non_torch", "activation", "cuda_graphs", "kv_cache"}
+    assert terms["weights"] == {"predicted_gib": 14.19, "actual_gib": 14.29}
+    assert terms["kv_cache"]["actual_gib"] == 11.17 and abs(terms["kv_cache"]["predicted_gib"] - 11.17) < 0.05
+    assert abs(report.status["prediction_error_pct"]) < 1 and report.warnings == []
+
+
+def test_a_gap_over_5_percent_is_a_warning_naming_the_terms() -> None:
+    # The worker does not know the compile cache was cold: its central prediction is 15% high.
+    actual = cap.parse_engine_capacity(boot_log("007"))
+    report = cap.capacity_report(_boot_007_plan("unknown"), actual, 4)
+    assert report.status["prediction_error_pct"] < -5
+    [warning] = report.warnings
+    assert warning.startswith("the engine's KV cache holds 209,120 tokens, -1")
+    named = warning.split("the terms furthest apart: ")[1]
+    assert named.startswith("non torch 1.36 GiB logged, 0.50 GiB predicted; activation 1.02 GiB logged")
+    assert "please report this" in warning
 
 
 # --- the card table and the table output -----------------------------------------------------------

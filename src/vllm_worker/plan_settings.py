@@ -1,0 +1,225 @@
+"""The settings that decide vLLM's memory budget, resolved from the worker's variables: `Knobs`.
+
+A user configures the worker with env vars (and VLLM_EXTRA_ARGS, whose flags come last on
+vLLM's command line and so win); the plan needs what vLLM will actually run with. This
+module turns the one into the other and nothing else: what those settings cost is
+`memory_budget`'s business.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Mapping
+
+from vllm_worker.diagnosis import parse_human_int
+from vllm_worker.model_facts import GiB, CapacityError
+from vllm_worker.settings import multiple_of_8_at_least
+
+if TYPE_CHECKING:
+    from vllm_worker.budget_versions import Budgeting
+
+DEFAULT_UTILIZATION = 0.92  # config/cache.py gpu_memory_utilization default (also startup_errors)
+
+
+def parse_size(text: str) -> int:
+    """Bytes from '24GiB', '80GB', '24G' (binary), '1.5TiB', or a plain number of bytes."""
+    m = re.fullmatch(r"\s*([\d.]+)\s*([kmgt]?)(i?)(b?)\s*", text, re.IGNORECASE)
+    if not m or not m.group(1).replace(".", "", 1).isdigit():
+        raise CapacityError(f"{text!r} is not a memory size; use a figure such as 24GiB or 80GB")
+    number, unit, binary, _ = m.groups()
+    power = "kmgt".find(unit.lower()) + 1 if unit else 0
+    # A bare unit letter (24G) means binary, as nvidia-smi and vLLM's K/M/G do; GB is decimal.
+    base = 1024 if binary or (unit and not m.group(4)) else 1000
+    return int(float(number) * base**power)
+
+
+_TRUE = {"true", "1", "yes", "on"}
+_FALSE = {"false", "0", "no", "off"}
+
+# VLLM_EXTRA_ARGS flags that change the plan -> env name they stand for.
+_EXTRA_FLAGS = {
+    "--max-model-len": "MAX_MODEL_LEN",
+    "--max-num-seqs": "MAX_NUM_SEQS",
+    "--max-num-batched-tokens": "MAX_NUM_BATCHED_TOKENS",
+    "--gpu-memory-utilization": "GPU_MEMORY_UTILIZATION",
+    "--kv-cache-memory-bytes": "KV_CACHE_MEMORY_BYTES",
+    "--kv-cache-memory": "KV_CACHE_MEMORY_BYTES",
+    "--kv-cache-dtype": "KV_CACHE_DTYPE",
+    "--tensor-parallel-size": "TENSOR_PARALLEL_SIZE",
+    "-tp": "TENSOR_PARALLEL_SIZE",
+    "--pipeline-parallel-size": "PIPELINE_PARALLEL_SIZE",
+    "-pp": "PIPELINE_PARALLEL_SIZE",
+    "--block-size": "BLOCK_SIZE",
+    "--dtype": "DTYPE",
+    "--quantization": "QUANTIZATION",
+    "-q": "QUANTIZATION",
+    "--num-gpu-blocks-override": "NUM_GPU_BLOCKS_OVERRIDE",
+    "--cpu-offload-gb": "CPU_OFFLOAD_GB",
+}
+_EXTRA_BOOLS = {
+    "--enforce-eager": ("ENFORCE_EAGER", "true"),
+    "--no-enforce-eager": ("ENFORCE_EAGER", "false"),
+    "--disable-sliding-window": ("DISABLE_SLIDING_WINDOW", "true"),
+    "--disable-hybrid-kv-cache-manager": ("DISABLE_HYBRID_KV_CACHE_MANAGER", "true"),
+    "--no-enable-chunked-prefill": ("ENABLE_CHUNKED_PREFILL", "false"),
+    "--no-async-scheduling": ("ASYNC_SCHEDULING", "false"),
+}
+
+
+def effective_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The env with VLLM_EXTRA_ARGS flags folded in (they come last on the command line, so they win)."""
+    merged = {k: v for k, v in env.items() if v is not None}
+    raw = (env.get("VLLM_EXTRA_ARGS") or "").strip()
+    if not raw:
+        return merged
+    try:
+        words = shlex.split(raw)
+    except ValueError:
+        return merged
+    i = 0
+    while i < len(words):
+        word = words[i]
+        flag, _, inline = word.partition("=")
+        if flag.startswith("--"):
+            flag = "--" + flag[2:].replace("_", "-")
+        if flag in _EXTRA_BOOLS:
+            name, value = _EXTRA_BOOLS[flag]
+            merged[name] = value
+        elif flag in _EXTRA_FLAGS:
+            value = inline if inline else (words[i + 1] if i + 1 < len(words) else "")
+            if not inline:
+                i += 1
+            merged[_EXTRA_FLAGS[flag]] = value
+        i += 1
+    return merged
+
+
+def env_value(env: Mapping[str, str], name: str) -> str | None:
+    value = env.get(name)
+    if value is None or str(value).strip() == "":
+        return None
+    return str(value).strip()
+
+
+def _int(env: Mapping[str, str], name: str, *, zero_unset: bool = True, human: bool = False) -> int | None:
+    value = env_value(env, name)
+    if value is None:
+        return None
+    try:
+        number = parse_human_int(value) if human else int(value)
+    except ValueError:
+        raise CapacityError(f"{name}={value!r} is not a whole number") from None
+    return None if zero_unset and number == 0 else number
+
+
+def _bool(env: Mapping[str, str], name: str) -> bool | None:
+    value = env_value(env, name)
+    if value is None:
+        return None
+    if value.lower() in _TRUE:
+        return True
+    if value.lower() in _FALSE:
+        return False
+    raise CapacityError(f"{name}={value!r} is not true or false")
+
+
+@dataclass(frozen=True)
+class Knobs:
+    """The settings that decide the memory budget, resolved to what vLLM 0.32 will use."""
+
+    platform: str = "cuda"  # "cuda" or "cpu"
+    utilization: float = DEFAULT_UTILIZATION
+    max_model_len: int | None = None  # None: the model's full context; -1: auto-fit
+    max_num_seqs: int | None = None  # None: vLLM's default for the card
+    max_num_batched_tokens: int | None = None  # None: vLLM's default for the card
+    kv_cache_dtype: str = "auto"
+    kv_cache_memory_bytes: int | None = None
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    enforce_eager: bool = False
+    dtype: str = "auto"
+    quantization: str | None = None
+    block_size: int | None = None
+    num_gpu_blocks_override: int | None = None
+    disable_sliding_window: bool = False
+    disable_hybrid_kv_cache_manager: bool = False
+    chunked_prefill: bool = True
+    async_scheduling: bool | None = None  # None: vLLM's default (True on GPU, False on CPU)
+    cpu_offload_bytes: int = 0
+    estimate_cudagraphs: bool = True  # VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS
+    allow_long_max_model_len: bool = False  # VLLM_ALLOW_LONG_MAX_MODEL_LEN
+    device_name: str | None = None
+    # torch.compile's cache: "cold" (empty: a first boot), "warm" (artifacts loaded from
+    # VLLM_CACHE_ROOT) or "unknown", the worker's case: memory_budget.compile_bytes is then
+    # counted at the conservative end of the plan's band only.
+    compile_cache: str = "unknown"
+    budgeting: "Budgeting | None" = None  # None: vLLM 0.32 (budget_versions.VLLM_032)
+    cpu_amx: bool = False  # CPU engine on an AMX CPU: MLA runs AMX_MLA (block 128), not the reference kernel (16)
+
+
+def knobs_from_env(
+    env: Mapping[str, str],
+    *,
+    max_concurrency: int | None = None,
+    platform: str = "cuda",
+    device_name: str | None = None,
+    cpu_amx: bool = False,
+) -> Knobs:
+    """Knobs from the worker's variables (and VLLM_EXTRA_ARGS). MAX_NUM_SEQS defaults as the worker's."""
+    env = effective_env(env)
+    util = env_value(env, "GPU_MEMORY_UTILIZATION")
+    try:
+        utilization = float(util) if util is not None else DEFAULT_UTILIZATION
+    except ValueError:
+        raise CapacityError(f"GPU_MEMORY_UTILIZATION={util!r} is not a number") from None
+    raw_len = env_value(env, "MAX_MODEL_LEN")
+    if raw_len is not None and (raw_len.lower() == "auto" or raw_len == "-1"):
+        max_model_len: int | None = -1
+    else:
+        max_model_len = _int(env, "MAX_MODEL_LEN", human=True)
+    seqs = _int(env, "MAX_NUM_SEQS")
+    if seqs is None and max_concurrency is not None:
+        seqs = multiple_of_8_at_least(max_concurrency)
+    estimate = (env_value(env, "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS") or "1").lower() not in _FALSE
+    offload = env_value(env, "CPU_OFFLOAD_GB")
+    return Knobs(
+        platform=platform,
+        utilization=utilization,
+        max_model_len=max_model_len,
+        max_num_seqs=seqs,
+        max_num_batched_tokens=_int(env, "MAX_NUM_BATCHED_TOKENS", human=True),
+        kv_cache_dtype=(env_value(env, "KV_CACHE_DTYPE") or "auto").lower(),
+        kv_cache_memory_bytes=_int(env, "KV_CACHE_MEMORY_BYTES", human=True),
+        tensor_parallel_size=_int(env, "TENSOR_PARALLEL_SIZE") or 1,
+        pipeline_parallel_size=_int(env, "PIPELINE_PARALLEL_SIZE") or 1,
+        enforce_eager=bool(_bool(env, "ENFORCE_EAGER")),
+        dtype=(env_value(env, "DTYPE") or "auto").lower(),
+        quantization=(env_value(env, "QUANTIZATION") or None),
+        block_size=_int(env, "BLOCK_SIZE"),
+        num_gpu_blocks_override=_int(env, "NUM_GPU_BLOCKS_OVERRIDE"),
+        disable_sliding_window=bool(_bool(env, "DISABLE_SLIDING_WINDOW")),
+        disable_hybrid_kv_cache_manager=bool(_bool(env, "DISABLE_HYBRID_KV_CACHE_MANAGER")),
+        chunked_prefill=_bool(env, "ENABLE_CHUNKED_PREFILL") is not False,
+        async_scheduling=_bool(env, "ASYNC_SCHEDULING"),
+        cpu_offload_bytes=int(float(offload) * GiB) if offload else 0,
+        estimate_cudagraphs=estimate,
+        allow_long_max_model_len=(env_value(env, "VLLM_ALLOW_LONG_MAX_MODEL_LEN") or "0").lower() not in _FALSE,
+        device_name=device_name,
+        cpu_amx=cpu_amx,
+    )
+
+
+# =====================================================================================
+# KV cache accounting (exact: mirrors vLLM 0.32's kv_cache_utils.py / kv_cache_interface.py)
+
+
+def cpu_has_amx(cpuinfo: str = "/proc/cpuinfo") -> bool:
+    """Whether this x86 CPU has AMX tiles, as torch.cpu._is_amx_tile_supported() sees them
+    (platforms/cpu.py then runs MLA on AMX_MLA with the CPU's default block of 128)."""
+    try:
+        with open(cpuinfo) as handle:
+            return any(line.startswith("flags") and " amx_tile" in line for line in handle)
+    except OSError:
+        return False

@@ -1,0 +1,278 @@
+"""The capacity plan against real GPU boots: KV tokens predicted from each boot's own configuration.
+
+tests/field/boots holds public vLLM startup logs (verbatim, with a manifest giving the
+model, card, settings, vLLM version, URL and a dev/held-out split) and the models'
+config.json files (configs/SOURCES.tsv gives where each was found). For every boot with a
+config and a known card, the worker's own `plan()` predicts the "GPU KV cache size: N
+tokens" vLLM logged, from that boot's settings and its vLLM version's budgeting
+(`budget_versions.budgeting_for`); the error table is printed and the acceptance holds
+on the held-out boots and on the whole: median <= 3 %, worst <= 8 %.
+
+Nothing here is fitted: the figures in budget_versions and memory_budget were fitted on
+the dev boots only (docs/capacity.md), and the held-out boots were not looked at for it.
+
+What the manifest does not say in a form a program can read is in `BOOTS` below, each
+with its source: the card's CUDA total where the log does not print it (the card table
+in gpus.py, from torch's own out-of-memory messages), where the weights figure comes
+from, and two facts read in the original logs at the manifest's URLs: "Using FlashInfer
+for top-p & top-k sampling." (V1's sampler warm-up) and whether torch.compile's cache
+was cold ("Compiling a graph for ...") or warm ("Directly load ...").
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+import statistics
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import pytest
+
+from vllm_worker import capacity as cap
+from vllm_worker.gpus import find_card
+
+BOOTS_DIR = Path(__file__).resolve().parents[1] / "field" / "boots"
+GiB = cap.GiB
+MEDIAN_LIMIT, WORST_LIMIT = 0.03, 0.08
+
+
+@dataclass(frozen=True)
+class Boot:
+    """What the plan needs about a boot beyond its manifest row."""
+
+    config: str  # configs/<config>.json
+    card: str | None = None  # a gpus.py card whose CUDA total is used; None: the total the log prints
+    card_known: str = "named"  # "logged", "named" (log, file or repository name) or "class" (the manifest's class)
+    weights: str = "counts"  # "counts" (params below), "config" (estimated from config.json) or "logged"
+    params: dict[str, int] | None = None  # safetensors counts (configs/SOURCES.tsv)
+    flashinfer_sampler: bool = False
+    compile_cache: str = "unknown"  # V2 boots: "cold" or "warm", read in the original log
+    note: str = ""
+
+
+QWEN2_7B = {"BF16": 7_615_616_512}  # SOURCES.tsv (Qwen2-7B-Instruct report, HF API for Qwen2.5-7B-Instruct)
+LLAMA3_8B = {"BF16": 8_030_261_248}  # SOURCES.tsv (HF API for Llama-3.1-8B-Instruct, report for Meta-Llama-3-8B)
+QWEN25_3B = {"BF16": 3_085_938_688}  # SOURCES.tsv (Qwen2.5-3B-Instruct report; the base model has the same shapes)
+
+BOOTS: dict[str, Boot] = {
+    "001": Boot("Qwen--Qwen2-7B-Instruct", "A100 80GB", params=QWEN2_7B, flashinfer_sampler=True),
+    "002": Boot("Qwen--Qwen2-7B-Instruct", "A100 80GB", params=QWEN2_7B, flashinfer_sampler=True),
+    "003": Boot("Qwen--Qwen2-7B-Instruct", "A100 80GB", params=QWEN2_7B, flashinfer_sampler=True),
+    "004": Boot("Qwen--Qwen2-7B-Instruct", "A100 40GB", params=QWEN2_7B, note="FlashInfer sampler not available"),
+    "005": Boot("openai--gpt-oss-120b", "A100 80GB", weights="logged", flashinfer_sampler=True,
+                note="mxfp4 held through Marlin on A100: weights as logged"),
+    "006": Boot("Qwen--Qwen2.5-0.5B-Instruct", card_known="logged", params={"BF16": 494_032_768}, compile_cache="cold",
+                note="params: 0.92 GiB checkpoint / 2 bytes (the SOURCES copy is a float32 re-save)"),
+    "007": Boot("Qwen--Qwen2.5-7B-Instruct", card_known="logged", params=QWEN2_7B, compile_cache="cold"),
+    "008": Boot("Qwen--Qwen2.5-7B-Instruct", card_known="logged", params=QWEN2_7B, compile_cache="cold",
+                note="online fp8: linear layers at 1 byte"),
+    "009": Boot("meta-llama--Llama-3.1-8B-Instruct", "L4", params=LLAMA3_8B),
+    "011": Boot("Qwen--Qwen2.5-14B", "RTX A5000", card_known="class", weights="logged",
+                note="AWQ checkpoint; decoder shapes of Qwen2.5-14B (its own config.json is not public in the index)"),
+    "013": Boot("meta-llama--Meta-Llama-3-8B-Instruct", "A100 80GB", card_known="class", weights="logged",
+                note="local W4A16 copy; the LLM-class 8192-token default on an 80 GB card is A100's"),
+    "015": Boot("Qwen--Qwen3-14B", "RTX 4090", card_known="class", weights="config"),
+    "016": Boot("meta-llama--Meta-Llama-3-8B-Instruct", "H200", card_known="class", params=LLAMA3_8B),
+    "017": Boot("Qwen--Qwen2.5-1.5B-Instruct", "T4", weights="config", compile_cache="warm"),
+    "018": Boot("Qwen--Qwen2.5-7B-Instruct", card_known="logged", weights="logged", compile_cache="warm",
+                note="local FP8-dynamic copy"),
+    "019": Boot("deepseek-ai--DeepSeek-R1-Distill-Qwen-7B", "RTX A6000", card_known="class", params=QWEN2_7B),
+    "020": Boot("Qwen--Qwen2.5-3B", card_known="logged", params=QWEN25_3B),
+    "021": Boot("Qwen--Qwen3-30B-A3B-Instruct-2507", "RTX 4090", card_known="class", weights="logged",
+                note="local W4A16 copy"),
+    "022": Boot("Qwen--Qwen2.5-3B-Instruct", "RTX 4090", card_known="class", params=QWEN25_3B),
+    "023": Boot("meta-llama--Meta-Llama-3-8B-Instruct", "H100", card_known="class", params=LLAMA3_8B,
+                note="the 8192-token default on an 80 GB card is not A100's"),
+    "024": Boot("meta-llama--Llama-3.1-8B-Instruct", "A100 40GB", card_known="class", params=LLAMA3_8B),
+    "025": Boot("meta-llama--Llama-3.1-8B-Instruct", "A100 80GB", card_known="class", params=LLAMA3_8B,
+                note="the 2048-token default on an 80 GB card is A100's"),
+    "027": Boot("Qwen--Qwen3-14B", "A100 80GB", card_known="class", weights="config",
+                note="the 2048-token default on an 80 GB card is A100's"),
+    "028": Boot("Qwen--Qwen3-30B-A3B-Instruct-2507", "RTX 3090", weights="logged",
+                note="AWQ copy of the Thinking-2507 sibling: same decoder shapes"),
+    "029": Boot("openai--gpt-oss-120b", "H200", card_known="class", weights="logged"),
+    "032": Boot("microsoft--Phi-3-mini-4k-instruct", "RTX 4090", card_known="class", weights="config",
+                note="Windows (WSL) reports the whole 24 GiB: total 23.99 GiB, see TOTALS"),
+    "033": Boot("meta-llama--Llama-3.1-70B-Instruct", "A100 40GB", card_known="class", weights="logged",
+                note="AWQ INT4 copy of Llama-3.1-70B-Instruct"),
+    "034": Boot("Qwen--Qwen2.5-7B-Instruct", card_known="logged", params=QWEN2_7B, compile_cache="warm"),
+    "035": Boot("Qwen--Qwen2.5-14B", "H100", card_known="class", weights="config",
+                note="Qwen2.5-Coder-14B-Instruct has Qwen2.5-14B's decoder shapes"),
+    "039": Boot("Qwen--Qwen2.5-7B-Instruct", "A100 40GB", card_known="class", weights="logged",
+                note="unsloth bitsandbytes 4-bit copy"),
+    "040": Boot("Qwen--Qwen3-8B", "T4", weights="config", note="eager: no compile"),
+    "041": Boot("Qwen--Qwen3-30B-A3B-Instruct-2507", "RTX PRO 6000", weights="config", note="eager: no compile"),
+}
+# CUDA totals for cards the gpus.py table does not hold, with why.
+TOTALS = {"032": 23.99}  # torch reports 23.99 GiB for a 24 GB card under Windows ("total capacity of 23.99 GiB")
+
+SKIPPED = {
+    "010": "card unknown (the manifest's ~40 GiB is inferred from this boot's own KV figure)",
+    "012": "card unknown (the manifest's ~40 GiB is inferred from this boot's own KV figure)",
+    "014": "multimodal: the encoder's profiling peak is not modeled (and no config.json was found)",
+    "026": "card unknown, not even its class",
+    "030": "hybrid Gated-DeltaNet/attention layers are not modeled",
+    "031": "multimodal: the encoder's profiling peak is not modeled (and no config.json was found)",
+    "036": "multimodal: the encoder's profiling peak is not modeled (and no config.json was found)",
+    "037": "hybrid Gated-DeltaNet/attention layers are not modeled (and no config.json was found)",
+    "038": "multimodal, heterogeneous head sizes: not modeled (and no config.json was found)",
+    "042": "vLLM version not logged (its budgeting cannot be chosen); no config.json was found",
+}
+
+
+def manifest() -> dict[str, dict[str, str]]:
+    with open(BOOTS_DIR / "manifest.tsv", newline="") as handle:
+        return {row["file"][:3]: row for row in csv.DictReader(handle, delimiter="\t", quoting=csv.QUOTE_NONE)}
+
+
+def _number(text: str) -> str | None:
+    """'2048', 'default (2048 logged)', 'default (0.9)' -> the figure; 'default', 'default (None)' -> None."""
+    found = re.search(r"\d[\d.]*", text)
+    return found.group(0) if found else None
+
+
+def unwrapped(text: str) -> str:
+    """Lines some sources hard-wrapped at ~140 columns, joined back (a log line starts with '(', a level or a figure)."""
+    lines: list[str] = []
+    for line in text.splitlines():
+        if lines and not re.match(r"\(|INFO|WARNING|ERROR|DEBUG|Available|GPU KV", line):
+            lines[-1] += line
+        else:
+            lines.append(line)
+    return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class Result:
+    boot: str
+    split: str
+    version: str
+    card: str
+    card_known: str
+    predicted: int
+    actual: int
+    plan: cap.Plan
+    engine: cap.EngineCapacity
+
+    @property
+    def error(self) -> float:
+        return (self.predicted - self.actual) / self.actual
+
+
+def predict(boot_id: str, row: dict[str, str]) -> Result:
+    boot = BOOTS[boot_id]
+    log = unwrapped(next(BOOTS_DIR.glob(f"{boot_id}_*.log")).read_text())
+    engine = cap.parse_engine_capacity(log)
+    assert engine is not None, f"boot {boot_id}: no KV capacity line"
+    config = json.loads((BOOTS_DIR / "configs" / f"{boot.config}.json").read_text())
+    facts = cap.facts_from_config(config, boot.params if boot.weights == "counts" else None, source=boot.config)
+    if boot_id in TOTALS:
+        total = int(TOTALS[boot_id] * GiB)
+    elif boot.card is not None:
+        total = find_card(boot.card).total_bytes
+    else:
+        total = int(float(row["cuda_total_gib"]) * GiB)
+    env = {
+        "GPU_MEMORY_UTILIZATION": _number(row["gpu_memory_utilization"]) or "0.9",
+        "MAX_MODEL_LEN": _number(row["max_model_len"]) or "",
+        "ENFORCE_EAGER": row["enforce_eager"].lower(),
+        "TENSOR_PARALLEL_SIZE": row["tensor_parallel_size"],
+    }
+    for name, column in (("MAX_NUM_SEQS", "max_num_seqs"), ("MAX_NUM_BATCHED_TOKENS", "max_num_batched_tokens")):
+        if _number(row[column]):
+            env[name] = _number(row[column]) or ""
+    if row["dtype"].split()[0] in ("half", "float16"):
+        env["DTYPE"] = "float16"
+    if row["quantization"].startswith("fp8 (online"):
+        env["QUANTIZATION"] = "fp8"
+    knobs = cap.knobs_from_env(env, device_name=boot.card)
+    knobs = replace(
+        knobs,
+        compile_cache=boot.compile_cache,
+        budgeting=cap.budgeting_for(row["vllm_version"], flashinfer_sampler=boot.flashinfer_sampler),
+    )
+    weights = engine.weights_bytes if boot.weights == "logged" else None
+    predicted = cap.plan(facts, total, knobs, with_changes=False, weights_bytes_per_gpu=weights)
+    return Result(boot_id, row["split"], row["vllm_version"], boot.card or f"{total / GiB:.2f} GiB", boot.card_known,
+                  predicted.kv_cache_tokens, engine.kv_tokens, predicted, engine)
+
+
+@pytest.fixture(scope="module")
+def results() -> list[Result]:
+    rows = manifest()
+    return [predict(boot_id, rows[boot_id]) for boot_id in sorted(BOOTS)]
+
+
+def table(results: list[Result]) -> str:
+    lines = [f"{'boot':4} {'split':7} {'vLLM':10} {'card':14} {'known':6} {'predicted':>10} {'logged':>10} {'error':>7}"]
+    for r in results:
+        lines.append(f"{r.boot:4} {r.split:7} {r.version[:10]:10} {r.card[:14]:14} {r.card_known:6} "
+                     f"{r.predicted:>10,} {r.actual:>10,} {r.error:>+7.2%}")
+    for name, chosen in subsets(results).items():
+        errors = [abs(r.error) for r in chosen]
+        lines.append(f"{name}: {len(errors)} boots, median {statistics.median(errors):.2%}, worst {max(errors):.2%}")
+    lines += [f"skipped {boot}: {reason}" for boot, reason in sorted(SKIPPED.items())]
+    return "\n".join(lines)
+
+
+def subsets(results: list[Result]) -> dict[str, list[Result]]:
+    return {
+        "held-out": [r for r in results if r.split == "heldout"],
+        "dev": [r for r in results if r.split == "dev"],
+        "card logged or named": [r for r in results if r.card_known != "class"],
+        "all": results,
+    }
+
+
+def test_every_boot_is_predicted_or_skipped_with_a_reason() -> None:
+    rows = manifest()
+    assert len(rows) >= 40
+    assert set(BOOTS) | set(SKIPPED) == set(rows)
+    assert not set(BOOTS) & set(SKIPPED)
+    for boot_id, boot in BOOTS.items():
+        assert (BOOTS_DIR / "configs" / f"{boot.config}.json").is_file(), boot_id
+        assert rows[boot_id]["split"] in ("dev", "heldout")
+
+
+@pytest.mark.parametrize("subset", ["held-out", "all"])
+def test_kv_tokens_within_3_percent_median_and_8_percent_worst(results: list[Result], subset: str) -> None:
+    report = table(results)
+    print("\n" + report)
+    chosen = subsets(results)[subset]
+    assert len(chosen) >= 10
+    errors = [abs(r.error) for r in chosen]
+    assert statistics.median(errors) <= MEDIAN_LIMIT, report
+    assert max(errors) <= WORST_LIMIT, report
+
+
+def test_the_set_covers_the_cards_people_rent_and_tensor_parallelism(results: list[Result]) -> None:
+    sizes = {round(r.plan.device_total_bytes / GiB) for r in results if r.plan.device_total_bytes}
+    assert {s for s in sizes if 21 <= s <= 24} and 31 in sizes and {39, 47} & sizes and 79 in sizes
+    assert {r.plan.tensor_parallel_size for r in results} >= {1, 2, 4}
+    assert {r.plan.budget_version[:4] for r in results} >= {"0.10", "0.29"}
+
+
+def test_terms_the_logs_give_are_predicted_within_0_15_gib(results: list[Result]) -> None:
+    """Every boot logs the weights; V2 boots every term ("Actual usage is ... for consumed memory ...")."""
+    lines = []
+    worst = 0.0
+    for r in results:
+        for term, (predicted, actual) in cap.compared_terms(r.plan, r.engine).items():
+            if term == "kv_cache" or (term == "weights" and BOOTS[r.boot].weights == "logged"):
+                continue  # the KV memory is the result (checked as tokens above); logged weights are an input
+            gap = (predicted - actual) / GiB
+            lines.append(f"{r.boot} {term:12} predicted {predicted / GiB:6.2f} GiB, logged {actual / GiB:6.2f} GiB ({gap:+.2f})")
+            worst = max(worst, abs(gap))
+    print("\n" + "\n".join(lines))
+    assert {line.split()[1] for line in lines} == {"weights", "non_torch", "activation", "cuda_graphs"}
+    assert worst <= 0.15, "\n".join(lines)
+
+
+def test_every_config_has_its_provenance() -> None:
+    with open(BOOTS_DIR / "configs" / "SOURCES.tsv", newline="") as handle:
+        sources = {row["file"]: row for row in csv.DictReader(handle, delimiter="\t", quoting=csv.QUOTE_NONE)}
+    for path in (BOOTS_DIR / "configs").glob("*.json"):
+        assert path.name in sources and sources[path.name]["url_or_repo_path"] != "none", path.name
+        json.loads(path.read_text())
