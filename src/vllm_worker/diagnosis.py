@@ -10,13 +10,21 @@ messages and `recovery`'s ladder agree on them.
 from __future__ import annotations
 
 import re
-import shlex
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
-from vllm_worker.args_builder import ArgsError, parse_bool
 from vllm_worker.failure_rules import Hit
-from vllm_worker.settings import multiple_of_8_at_least
+from vllm_worker.profile import (  # noqa: F401  (re-exported: the pieces messages name)
+    CPU_KV_SPACE,
+    DEFAULT_MAX_CONCURRENCY,
+    EXTRA_ARGS_NAME,
+    KvCacheSize,
+    LaunchProfile,
+    env_value,
+    parse_human_int,
+)
+
+_GIB = 2**30
 
 # A memory relaunch step lowers MAX_NUM_BATCHED_TOKENS to at most this (see `recovery`).
 EAGER_MAX_BATCHED_TOKENS = 8192
@@ -24,7 +32,6 @@ EAGER_MAX_BATCHED_TOKENS = 8192
 # worker ever advises: above it, CUDA context and fragmentation have no room left.
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.92
 HIGHEST_ADVISED_UTILIZATION = 0.95
-DEFAULT_MAX_CONCURRENCY = 30
 # Causes that may pass on another try or another machine: relaunched once in place, then answered.
 TRANSIENT_KINDS = frozenset({"host_fault", "hub_unreachable"})
 
@@ -59,136 +66,12 @@ class Diagnosis:
 # --- knobs a memory relaunch can still turn (shared with `recovery`) -----------
 
 
-def env_value(env: Mapping[str, str], name: str) -> str | None:
-    """A variable's value, None when unset or blank."""
-    value = env.get(name)
-    if value is None or value.strip() == "":
-        return None
-    return value.strip()
-
-
-def env_bool(env: Mapping[str, str], name: str) -> bool | None:
-    """True/False for a boolean variable; None when unset, blank or unreadable."""
-    try:
-        return parse_bool(name, env.get(name))
-    except ArgsError:
-        return None
-
-
-def env_int(env: Mapping[str, str], name: str) -> int | None:
-    """A whole-number variable; None when unset, blank, unreadable or 0 (0 means unset)."""
-    value = env_value(env, name)
-    if value is None:
-        return None
-    try:
-        number = int(value)
-    except ValueError:
-        return None
-    return number if number != 0 else None
-
-
-_GIB = 2**30
-_KV_SIZE_FLAGS = ("--kv-cache-memory-bytes", "--kv-cache-memory")
-CPU_KV_SPACE = "VLLM_CPU_KVCACHE_SPACE"
-
-
-@dataclass(frozen=True)
-class KvCacheSize:
-    """A KV cache size the user fixed: vLLM uses it as is, so no batch, graph or utilization
-    setting changes how many tokens the cache holds.
-
-    variable: KV_CACHE_MEMORY_BYTES, VLLM_EXTRA_ARGS (its --kv-cache-memory-bytes) or, on the CPU
-    engine, VLLM_CPU_KVCACHE_SPACE (GiB; vLLM lets it win over the flag). value: as written;
-    None when only vLLM's log said the size was explicit. size_bytes: None when unreadable.
-    """
-
-    variable: str
-    value: str | None
-    size_bytes: int | None
-
-    @property
-    def setting(self) -> str:
-        if self.value is None:
-            return self.variable
-        if self.variable == EXTRA_ARGS_NAME:
-            return f"{self.value} in {EXTRA_ARGS_NAME}"
-        return f"{self.variable}={self.value}"
-
-    @property
-    def raise_fix(self) -> str:
-        if self.variable == EXTRA_ARGS_NAME:
-            return f"raise the {self.value} in {EXTRA_ARGS_NAME}"
-        now = f" (now {self.value})" if self.value is not None else ""
-        return f"raise {self.variable}{now}"
-
-
-EXTRA_ARGS_NAME = "VLLM_EXTRA_ARGS"
-
-
-def parse_human_int(text: str) -> int:
-    """vLLM's human_readable_int (utils/argparse_utils.py): '1k' = 1000, '1K' = 1024."""
-    value = text.strip()
-    m = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmMgGtT])", value)
-    if m:
-        number, suffix = m.groups()
-        if suffix.islower():
-            return int(float(number) * 10 ** (3 * ("kmgt".index(suffix) + 1)))
-        return int(number) * 2 ** (10 * ("KMGT".index(suffix) + 1))
-    return int(value)
-
-
-def _parse_bytes(text: str) -> int | None:
-    try:
-        return parse_human_int(text)
-    except ValueError:
-        return None
-
-
-def explicit_kv_cache_size(env: Mapping[str, str], cpu: bool = False) -> KvCacheSize | None:
-    """The KV cache size the launch fixed, if any (the last one vLLM reads wins)."""
-    if cpu:
-        space = env_value(env, CPU_KV_SPACE)
-        if space is not None:
-            return KvCacheSize(CPU_KV_SPACE, space, int(space) * _GIB if space.isdigit() else None)
-    extra = env_value(env, EXTRA_ARGS_NAME)
-    if extra is not None:
-        try:
-            words = shlex.split(extra)
-        except ValueError:
-            words = extra.split()
-        found: tuple[str, str] | None = None
-        for i, word in enumerate(words):
-            flag, eq, value = word.partition("=")
-            if flag.replace("_", "-") in _KV_SIZE_FLAGS:
-                if not eq:
-                    value = words[i + 1] if i + 1 < len(words) else ""
-                found = (flag, value)
-        if found is not None:
-            return KvCacheSize(EXTRA_ARGS_NAME, f"{found[0]} {found[1]}", _parse_bytes(found[1]))
-    value = env_value(env, "KV_CACHE_MEMORY_BYTES")
-    if value is not None:
-        return KvCacheSize("KV_CACHE_MEMORY_BYTES", value, _parse_bytes(value))
-    return None
-
-
 def size_text(size_bytes: int) -> str:
     """Bytes for a reader: '256 KiB', '64 MiB', '2.5 GiB'."""
     for unit, scale in (("GiB", _GIB), ("MiB", 2**20), ("KiB", 2**10)):
         if size_bytes >= scale:
             return f"{round(size_bytes / scale, 2):g} {unit}"
     return f"{size_bytes} bytes"
-
-
-def max_concurrency_of(env: Mapping[str, str]) -> int:
-    """MAX_CONCURRENCY as the worker reads it (settings validated it before any launch)."""
-    value = env_int(env, "MAX_CONCURRENCY")
-    return value if value is not None and value > 0 else DEFAULT_MAX_CONCURRENCY
-
-
-def effective_max_num_seqs(env: Mapping[str, str], max_concurrency: int) -> int:
-    """MAX_NUM_SEQS the engine ran with: the variable, else the worker's default."""
-    value = env_int(env, "MAX_NUM_SEQS")
-    return value if value is not None else multiple_of_8_at_least(max_concurrency)
 
 
 
@@ -204,6 +87,7 @@ class Context:
     env: Mapping[str, str]
     tried: tuple[str, ...]
     weights_bytes: int | None = None
+    profile: LaunchProfile = field(default_factory=lambda: LaunchProfile.parse({}))
 
     @property
     def subject(self) -> str:

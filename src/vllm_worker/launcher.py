@@ -23,6 +23,7 @@ from typing import Any, Callable, Literal, Mapping, Sequence
 from vllm_worker import args_builder, capacity, recovery, startup_errors
 from vllm_worker import settings as settings_mod
 from vllm_worker.engine import Engine, command_problem
+from vllm_worker.profile import LaunchProfile
 
 log = logging.getLogger("vllm_worker")
 
@@ -150,10 +151,11 @@ class Launcher:
         self.clock = clock
         self.count = 0
 
-    def attempt(self, launch_env: Mapping[str, str], record: dict[str, Any], tried: Sequence[str] = ()) -> Attempt:
-        """Launch once with `launch_env`; `record` (profile, overrides, ...) is completed and returned."""
+    def attempt(self, profile: LaunchProfile, record: dict[str, Any] | None = None, tried: Sequence[str] = ()) -> Attempt:
+        """Launch `profile` once; the launch record (profile, overrides, `record`'s extras) comes back with it."""
         self.count += 1
-        record = {"launch": self.count, **record}
+        launch_env = profile.env
+        record = {"launch": self.count, "profile": profile.name, "overrides": dict(profile.overrides), **(record or {})}
         try:
             built = args_builder.build_args(launch_env, self.settings)
         except args_builder.ArgsError as exc:
@@ -239,11 +241,10 @@ def start_engine(
         pending = startup_plan.relaunch
     launch_env = apply_overrides(env, pending.overrides if pending else {})
     while True:
-        record: dict[str, Any] = {
-            "profile": pending.profile if pending else "as configured",
-            "overrides": dict(pending.overrides) if pending else {},
-        }
-        result = launcher.attempt(launch_env, record, tried)
+        profile = LaunchProfile.parse(
+            launch_env, pending.profile if pending else "as configured", pending.overrides if pending else {}
+        )
+        result = launcher.attempt(profile, tried=tried)
         outcome.served_model_name = result.served_model_name or outcome.served_model_name
         outcome.warnings += [w for w in result.warnings if w not in outcome.warnings]
         if result.outcome == "fatal":

@@ -30,6 +30,7 @@ from vllm_worker import handler, recovery, startup_errors
 from vllm_worker import settings as settings_mod
 from vllm_worker.engine import Engine, health_url
 from vllm_worker.launcher import Launcher, MemoryWait, Supervisor, apply_overrides, profile_notice
+from vllm_worker.profile import LaunchProfile
 
 log = logging.getLogger("vllm_worker")
 
@@ -224,8 +225,8 @@ class EngineMonitor:
                 len(self.restarts),
                 recovery.restart_budget_phrase(),
             )
-            record = {"profile": self._profile, "overrides": dict(self._overrides), "restart": len(self.restarts), "after": after}
-            result = self.launcher.attempt(self.launch_env, record)
+            profile = LaunchProfile.parse(self.launch_env, self._profile, self._overrides)
+            result = self.launcher.attempt(profile, {"restart": len(self.restarts), "after": after})
             if result.outcome == "fatal":
                 self._give_up(result.message or "The engine could not be started again.", None)
                 return None

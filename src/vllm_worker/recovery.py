@@ -37,7 +37,6 @@ itself over the earlier attempts, so the caller keeps no ladder state.
 
 from __future__ import annotations
 
-import shlex
 from dataclasses import dataclass, field, replace
 from typing import Mapping, Sequence
 
@@ -46,11 +45,8 @@ from vllm_worker.diagnosis import (
     TRANSIENT_KINDS,
     EAGER_MAX_BATCHED_TOKENS,
     Diagnosis,
-    effective_max_num_seqs,
-    env_bool,
-    env_int,
+    LaunchProfile,
     env_value,
-    explicit_kv_cache_size,
 )
 
 MAX_LAUNCHES = 3
@@ -75,6 +71,11 @@ class Attempt:
 
     env: Mapping[str, str]
     diagnosis: Diagnosis | None
+
+    @property
+    def profile(self) -> LaunchProfile:
+        """The launch's configuration as typed knobs (parsed in one place, `profile`)."""
+        return LaunchProfile.parse(self.env)
 
 
 @dataclass(frozen=True)
@@ -160,7 +161,8 @@ def _plan(
         return Stop("the failure was not recognised, so no relaunch is known to help")
     used = {step.name for step in history}
     prior: dict[str, str | None] = dict(history[-1].relaunch.overrides) if history else {}
-    env = attempts[-1].env
+    profile = attempts[-1].profile
+    env = profile.env
 
     if diagnosis.kind == "revision_not_found":
         if "revision" in used:
@@ -209,14 +211,14 @@ def _plan(
         if diagnosis.detail in _NOT_FOOTPRINT_FIXABLE:
             return Stop(_NOT_FOOTPRINT_FIXABLE[diagnosis.detail])
         if diagnosis.detail in _KV_SIZE_DETAILS:
-            kv = explicit_kv_cache_size(env, cpu=diagnosis.facts.get("device") == "CPU")
+            kv = profile.kv_cache_for(cpu=diagnosis.facts.get("device") == "CPU")
             fixed_by = kv.variable if kv is not None else diagnosis.facts.get("kv_cache_variable")
             if fixed_by:
                 return Stop(f"the KV cache size is fixed by {fixed_by}; fewer sequences or eager mode cannot make it hold more")
-        seqs = _seqs_step(env, prior, max_concurrency) if "seqs" not in used else None
+        seqs = _seqs_step(profile, prior, max_concurrency) if "seqs" not in used else None
         if seqs is not None:
             return seqs
-        eager = _eager_step(env, prior, device_total_bytes) if "eager" not in used else None
+        eager = _eager_step(profile, prior, device_total_bytes) if "eager" not in used else None
         if eager is not None:
             return eager
         return Stop("every memory relaunch step was used or would change nothing")
@@ -242,21 +244,10 @@ def _revision_step(env: Mapping[str, str], prior: dict[str, str | None]) -> _Ste
     return _Step("revision", Relaunch(overrides=overrides, profile="revision_unpinned", reason=reason, tried_phrase=phrase, warnings=warnings))
 
 
-def _extra_args_flags(env: Mapping[str, str]) -> set[str]:
-    raw = env_value(env, EXTRA_ARGS)
-    if raw is None:
-        return set()
-    try:
-        words = shlex.split(raw)
-    except ValueError:
-        words = raw.split()
-    return {word[2:].split("=", 1)[0].replace("_", "-") for word in words if word.startswith("--")}
-
-
-def _seqs_step(env: Mapping[str, str], prior: dict[str, str | None], max_concurrency: int) -> _Step | None:
+def _seqs_step(profile: LaunchProfile, prior: dict[str, str | None], max_concurrency: int) -> _Step | None:
     target = multiple_of_8_at_least(max_concurrency)
-    current = effective_max_num_seqs(env, max_concurrency)
-    if current <= target or "max-num-seqs" in _extra_args_flags(env):
+    current = profile.effective_max_num_seqs(max_concurrency)
+    if current <= target or "max-num-seqs" in profile.extra_args_flags:
         return None
     return _Step(
         "seqs",
@@ -272,11 +263,11 @@ def _seqs_step(env: Mapping[str, str], prior: dict[str, str | None], max_concurr
     )
 
 
-def _eager_step(env: Mapping[str, str], prior: dict[str, str | None], device_total_bytes: int | None) -> _Step | None:
-    extra = _extra_args_flags(env)
+def _eager_step(profile: LaunchProfile, prior: dict[str, str | None], device_total_bytes: int | None) -> _Step | None:
+    extra = profile.extra_args_flags
     delta: dict[str, str] = {}
     warnings: list[str] = []
-    eager = env_bool(env, "ENFORCE_EAGER")
+    eager = profile.enforce_eager
     if eager is not True and not extra & {"enforce-eager", "no-enforce-eager"}:
         delta["ENFORCE_EAGER"] = "true"
         if eager is False:
@@ -284,7 +275,7 @@ def _eager_step(env: Mapping[str, str], prior: dict[str, str | None], device_tot
                 "ENFORCE_EAGER=false is OVERRIDDEN to true for this relaunch: the configuration does not fit "
                 "in memory with CUDA graphs; replies will be slower"
             )
-    tokens = env_int(env, "MAX_NUM_BATCHED_TOKENS")  # 0 counts as unset
+    tokens = profile.max_num_batched_tokens  # 0 counts as unset
     if "max-num-batched-tokens" not in extra:
         if tokens is not None:
             cap = tokens > EAGER_MAX_BATCHED_TOKENS
@@ -328,7 +319,8 @@ def next_after_death(
         for name in set(base_env) | set(launch_env)
         if base_env.get(name) != launch_env.get(name)
     }
-    step = _seqs_step(launch_env, prior, max_concurrency) or _eager_step(launch_env, prior, device_total_bytes)
+    serving = LaunchProfile.parse(launch_env)
+    step = _seqs_step(serving, prior, max_concurrency) or _eager_step(serving, prior, device_total_bytes)
     if step is None:
         return None
     overrides = {name: value for name, value in step.relaunch.overrides.items() if _changes(base_env, name, value)}

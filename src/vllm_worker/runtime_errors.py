@@ -14,11 +14,9 @@ from typing import Mapping, Sequence
 from vllm_worker.diagnosis import (
     Diagnosis,
     compose,
-    effective_max_num_seqs,
-    env_int,
+    LaunchProfile,
     env_value,
     evidence_of,
-    max_concurrency_of,
     scrubbed,
 )
 from vllm_worker.failure_rules import clean_lines
@@ -72,7 +70,8 @@ def _root_line(lines: Sequence[str]) -> str | None:
 
 def _runtime_oom_fixes(output: str, env: Mapping[str, str]) -> list[str]:
     fixes: list[str] = []
-    tokens = env_int(env, "MAX_NUM_BATCHED_TOKENS")
+    profile = LaunchProfile.parse(env)
+    tokens = profile.max_num_batched_tokens
     if tokens is None or tokens <= 0:
         chosen = re.findall(r"max_num_batched_tokens=(\d+)", output)
         tokens = int(chosen[-1]) if chosen else None
@@ -92,8 +91,7 @@ def _runtime_oom_fixes(output: str, env: Mapping[str, str]) -> list[str]:
         length = used[-1] if used else None
     context = f"the {length}-token context the engine accepts" if length else "the context the engine accepts"
     fixes.append(f"cap the prompt length your clients send, well below {context}")
-    max_concurrency = max_concurrency_of(env)
-    seqs = effective_max_num_seqs(env, max_concurrency)
+    seqs = profile.effective_max_num_seqs()
     fixes.append(f"lower MAX_NUM_SEQS (now {seqs}) so fewer sequences share one step")
     return fixes
 

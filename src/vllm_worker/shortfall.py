@@ -9,7 +9,7 @@ already relaunched with, so each is answered with its own figures and only the k
 from __future__ import annotations
 
 import re
-from typing import Mapping, Sequence
+from typing import Sequence
 
 from vllm_worker.diagnosis import (
     CPU_KV_SPACE,
@@ -20,16 +20,12 @@ from vllm_worker.diagnosis import (
     Context,
     Diagnosis,
     KvCacheSize,
+    LaunchProfile,
     compose,
     device_of,
-    effective_max_num_seqs,
-    env_bool,
-    env_int,
     env_value,
     evidence_of,
-    explicit_kv_cache_size,
     gib,
-    max_concurrency_of,
     size_text,
 )
 from vllm_worker.settings import multiple_of_8_at_least
@@ -56,48 +52,45 @@ def _tried_mentions(tried: Sequence[str], variable: str) -> bool:
 def _knob_fixes(ctx: Context, observed_seqs: int | None = None) -> list[str]:
     """The relaunch knobs (see `recovery`) that are still left to turn."""
     fixes: list[str] = []
-    max_concurrency = max_concurrency_of(ctx.env)
+    knobs = ctx.profile
+    max_concurrency = knobs.max_concurrency
     target = multiple_of_8_at_least(max_concurrency)
-    seqs = effective_max_num_seqs(ctx.env, max_concurrency)
-    if observed_seqs is not None and env_int(ctx.env, "MAX_NUM_SEQS") is None:
+    seqs = knobs.effective_max_num_seqs()
+    if observed_seqs is not None and knobs.max_num_seqs is None:
         seqs = observed_seqs
     if seqs > target and not _tried_mentions(ctx.tried, "MAX_NUM_SEQS"):
         fixes.append(f"set MAX_NUM_SEQS={target} (now {seqs}; MAX_CONCURRENCY={max_concurrency} needs no more)")
-    if env_bool(ctx.env, "ENFORCE_EAGER") is not True and not _tried_mentions(ctx.tried, "ENFORCE_EAGER"):
+    if knobs.enforce_eager is not True and not _tried_mentions(ctx.tried, "ENFORCE_EAGER"):
         fixes.append("set ENFORCE_EAGER=true (no CUDA graphs: less memory, slower replies)")
     # Only a value above the cap: unset, vLLM's own default is 2048 on most cards, and 8192 would raise it.
-    tokens = env_int(ctx.env, "MAX_NUM_BATCHED_TOKENS")
+    tokens = knobs.max_num_batched_tokens
     if tokens is not None and tokens > EAGER_MAX_BATCHED_TOKENS and not _tried_mentions(ctx.tried, "MAX_NUM_BATCHED_TOKENS"):
         fixes.append(f"lower MAX_NUM_BATCHED_TOKENS to {EAGER_MAX_BATCHED_TOKENS} (now {tokens})")
     return fixes
 
 
-def utilization_of(env: Mapping[str, str]) -> float:
-    value = env_value(env, "GPU_MEMORY_UTILIZATION")
-    try:
-        return float(value) if value is not None else DEFAULT_GPU_MEMORY_UTILIZATION
-    except ValueError:
-        return DEFAULT_GPU_MEMORY_UTILIZATION
+def utilization_of(profile: LaunchProfile) -> float:
+    value = profile.gpu_memory_utilization
+    return value if value is not None else DEFAULT_GPU_MEMORY_UTILIZATION
 
 
-def _raise_utilization_fix(env: Mapping[str, str]) -> list[str]:
-    current = utilization_of(env)
+def _raise_utilization_fix(profile: LaunchProfile) -> list[str]:
+    current = utilization_of(profile)
     if current < HIGHEST_ADVISED_UTILIZATION:
         return [f"raise GPU_MEMORY_UTILIZATION from {current:g} to {HIGHEST_ADVISED_UTILIZATION:g}"]
     return []
 
 
-def _kv_dtype_fix(env: Mapping[str, str]) -> list[str]:
-    value = (env_value(env, "KV_CACHE_DTYPE") or "auto").lower()
-    if value == "auto":
+def _kv_dtype_fix(profile: LaunchProfile) -> list[str]:
+    if profile.kv_cache_dtype == "auto":
         return ["set KV_CACHE_DTYPE=fp8 (halves KV-cache memory; check output quality)"]
     return []
 
 
-def _hardware_fix(env: Mapping[str, str], device: str) -> str:
+def _hardware_fix(profile: LaunchProfile, device: str) -> str:
     if device == "CPU":
         return "use a machine with more memory or a smaller or quantized checkpoint"
-    tp = env_int(env, "TENSOR_PARALLEL_SIZE") or 1
+    tp = profile.tensor_parallel_size
     more = f"more GPUs (TENSOR_PARALLEL_SIZE is {tp})" if tp > 1 else "several GPUs with TENSOR_PARALLEL_SIZE"
     return f"use a GPU with more memory, {more}, or a smaller or quantized checkpoint"
 
@@ -169,7 +162,7 @@ def memory_shortfall_diagnosis(ctx: Context) -> Diagnosis:
     hardware = True
     variable: str | None = "MODEL_NAME" if ctx.model else None
     value: str | None = ctx.model
-    kv = explicit_kv_cache_size(ctx.env, cpu=device == "CPU")
+    kv = ctx.profile.kv_cache_for(cpu=device == "CPU")
     if kv is None and device == "CPU" and ctx.search(r"Explicitly set \([\d.]+/[\d.]+\) GiB for KV cache"):
         kv = KvCacheSize(f"KV_CACHE_MEMORY_BYTES or {CPU_KV_SPACE}", None, None)
     if kv is not None:
@@ -228,8 +221,8 @@ def memory_shortfall_diagnosis(ctx: Context) -> Diagnosis:
             if device == "GPU":
                 fixes += _knob_fixes(ctx)
             # On the CPU engine the same variable sets the share of the node's memory vLLM reserves.
-            fixes += _raise_utilization_fix(ctx.env)
-        fixes += _kv_dtype_fix(ctx.env)
+            fixes += _raise_utilization_fix(ctx.profile)
+        fixes += _kv_dtype_fix(ctx.profile)
     elif detail in ("no_kv_memory", "auto_fit"):
         how = " (MAX_MODEL_LEN=auto could not fit even one token)" if detail == "auto_fit" else ""
         if kv is not None:
@@ -240,24 +233,24 @@ def memory_shortfall_diagnosis(ctx: Context) -> Diagnosis:
             fixes.append(f"{kv.raise_fix}, or unset it so vLLM sizes the KV cache from the free memory")
             variable, value, hardware = kv.variable, kv.value, False
         else:
-            graphs = device == "GPU" and env_bool(ctx.env, "ENFORCE_EAGER") is not True
+            graphs = device == "GPU" and ctx.profile.enforce_eager is not True
             cause = (
                 f"{subject} leaves no {device} memory for the KV cache{how}: the weights, activations"
                 f"{' and CUDA graphs' if graphs else ''} take the whole memory budget"
             )
             if device == "GPU":
                 fixes += _knob_fixes(ctx)
-            fixes += _raise_utilization_fix(ctx.env)
+            fixes += _raise_utilization_fix(ctx.profile)
     elif detail == "sampler_warmup":
         m = ctx.search(r"warming up (?:sampler|pooler)(?: \(task=[^)]*\))? with (\d+) dummy requests")
-        n = m.group(1) if m else str(effective_max_num_seqs(ctx.env, max_concurrency_of(ctx.env)))
+        n = m.group(1) if m else str(ctx.profile.effective_max_num_seqs())
         facts["sequences"] = n
         cause = (
             f"{subject} ran out of GPU memory while warming up the sampler for {n} sequences at once "
             f"(the memory left outside the KV cache is too small for that batch)"
         )
         fixes += _knob_fixes(ctx, int(n))
-        fixes.append(_room_outside_kv_fix(ctx.env, kv))
+        fixes.append(_room_outside_kv_fix(ctx.profile, kv))
     elif detail == "weights_load":
         m = ctx.search(r"Tried to allocate ([\d.]+ [KMG]iB)")
         card = ctx.search(_CARD_TOTAL)
@@ -287,21 +280,21 @@ def memory_shortfall_diagnosis(ctx: Context) -> Diagnosis:
             fixes.append("lower VLLM_CPU_KVCACHE_SPACE or KV_CACHE_MEMORY_BYTES")
     elif detail == "cpu_kv_no_room":
         cause = f"{subject} leaves no CPU memory for the KV cache: the weights took the whole memory reservation"
-        fixes += _raise_utilization_fix(ctx.env)
+        fixes += _raise_utilization_fix(ctx.profile)
     elif detail == "cpu_out_of_memory":
         m = ctx.search(r"you tried to allocate (\d+) bytes")
         tail = f" (an allocation of {int(m.group(1)) / 2**30:.1f} GiB failed)" if m else ""
         cause = f"{subject} ran out of CPU memory while starting{tail}"
-        fixes += _kv_dtype_fix(ctx.env)
+        fixes += _kv_dtype_fix(ctx.profile)
     else:
         m = ctx.search(r"Tried to allocate ([\d.]+ [KMG]iB)")
         tail = f" (tried to allocate {m.group(1)} more)" if m else ""
         cause = f"{subject} ran out of GPU memory while starting{tail}"
         fixes += _knob_fixes(ctx)
         if kv is not None:
-            fixes.append(_room_outside_kv_fix(ctx.env, kv))
+            fixes.append(_room_outside_kv_fix(ctx.profile, kv))
     if hardware:
-        fixes.append(_hardware_fix(ctx.env, device))
+        fixes.append(_hardware_fix(ctx.profile, device))
     return Diagnosis(
         kind="memory_shortfall",
         message=compose(cause, ctx.tried, fixes),
@@ -314,13 +307,13 @@ def memory_shortfall_diagnosis(ctx: Context) -> Diagnosis:
     )
 
 
-def _room_outside_kv_fix(env: Mapping[str, str], kv: KvCacheSize | None) -> str:
+def _room_outside_kv_fix(profile: LaunchProfile, kv: KvCacheSize | None) -> str:
     """More room for activations: with a fixed KV size only that size frees it, not the utilization."""
     if kv is not None:
         now = f" (now {kv.value})" if kv.value is not None else ""
         name = "--kv-cache-memory-bytes in VLLM_EXTRA_ARGS" if kv.variable == EXTRA_ARGS_NAME else kv.variable
         return f"lower {name}{now} to leave more room outside the KV cache"
-    current = utilization_of(env)
+    current = utilization_of(profile)
     return f"lower GPU_MEMORY_UTILIZATION from {current:g} to {max(0.5, round(current - 0.05, 2)):g} to leave more room outside the KV cache"
 
 

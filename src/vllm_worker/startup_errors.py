@@ -35,14 +35,10 @@ from vllm_worker.diagnosis import (  # noqa: F401  (re-exported for recovery, ca
     Context,
     Diagnosis,
     KvCacheSize,
+    LaunchProfile,
     compose,
-    effective_max_num_seqs,
-    env_bool,
-    env_int,
     env_value,
     evidence_of,
-    explicit_kv_cache_size,
-    max_concurrency_of,
     scrubbed,
     size_text,
     tried_sentence,
@@ -136,6 +132,7 @@ def diagnose(
         env=env,
         tried=tuple(tried),
         weights_bytes=weights_bytes,
+        profile=LaunchProfile.parse(env),
     )
     return scrubbed(_BUILDERS[kind](ctx), env)
 
@@ -528,7 +525,6 @@ def _model_path_missing(ctx: Context) -> Diagnosis:
     )
 
 
-_OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
 
 
 def _offline_not_cached(ctx: Context) -> Diagnosis:
@@ -537,7 +533,7 @@ def _offline_not_cached(ctx: Context) -> Diagnosis:
     said = ctx.search(r"non-default args: \{.*?'model': '([^']+)'")
     repo = ctx.model or (said.group(1) if said else None) or "(unknown)"
     variable = _model_variable(ctx, repo)
-    offline = next((name for name in _OFFLINE_VARIABLES if env_bool(ctx.env, name) is True), None)
+    offline = ctx.profile.offline
     offline_value = env_value(ctx.env, offline) if offline else None
     revision = env_value(ctx.env, "MODEL_REVISION") if variable == "MODEL_NAME" else None
     missing_dir = ctx.search(r"Cache directory not found: (\S+?)\.?(?:\s|$)")
@@ -659,7 +655,7 @@ def _trust_remote_code(ctx: Context) -> Diagnosis:
     hit = ctx.hits[-1]
     subject = ctx.subject
     part = "tokenizer" if ctx.search(r"Failed to load the tokenizer") else "processor" if ctx.search(r"Failed to load the processor") else "model"
-    already = env_bool(ctx.env, "TRUST_REMOTE_CODE") is True
+    already = ctx.profile.trust_remote_code is True
     if already:
         cause = (
             f"{subject} needs its repository's own Python code for its {part}, and it could not be loaded "
@@ -958,7 +954,7 @@ def _host_fault(ctx: Context) -> Diagnosis:
         fixes.append("choose a GPU type this image supports (the worker's image supports Ampere, Ada and Hopper cards)")
     if detail == "driver":
         fixes.append("if it happens on every machine, allow only CUDA versions this image supports in the endpoint's settings")
-    if detail == "nccl" and (env_int(ctx.env, "TENSOR_PARALLEL_SIZE") or 1) > 1:
+    if detail == "nccl" and ctx.profile.tensor_parallel_size > 1:
         fixes.append("if it persists with several GPUs, set NCCL_P2P_DISABLE=1 to avoid the GPU-to-GPU path that fails on some hosts")
     return Diagnosis(
         kind="host_fault",

@@ -107,7 +107,7 @@ CPU_OOM_SERVING = died_serving(
 def test_runtime_kinds_are_not_startup_kinds() -> None:
     from vllm_worker.startup_errors import KINDS
 
-    assert set(RUNTIME_KINDS) == {"runtime_oom", "engine_died"}
+    assert set(RUNTIME_KINDS) == {"runtime_oom", "engine_died", "engine_hung"}
     assert not set(RUNTIME_KINDS) & set(KINDS)
 
 
