@@ -1,0 +1,248 @@
+"""The messages for a model that could not be fetched: the Hub said no, or could not be reached.
+
+The sentences themselves are `hub_messages`', shared with the pre-flight; this module finds,
+in vLLM's output, which repository, revision and variable they are about.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Callable, Sequence
+from urllib.parse import unquote
+
+from vllm_worker.diagnosis import Context, Diagnosis, compose, env_value, evidence_of, tried_sentence
+from vllm_worker.hub_messages import (
+    gated_repo_message,
+    hub_unreachable_message,
+    invalid_model_name_message,
+    looks_like_path,
+    model_path_missing_message,
+    offline_not_cached_message,
+    repo_not_found_message,
+    revision_not_found_message,
+    unauthorized_message,
+)
+
+
+# --- Hub access -----------------------------------------------------------------------------
+
+_URL_REPO = re.compile(r"https?://[^\s'\"]+?/(?:api/models/)?([\w.-]+/[\w.-]+)/(?:resolve|revision|tree)/([^/\s'\"]+)")
+
+
+def _repo_from(ctx: Context, patterns: Sequence[str]) -> str | None:
+    for pattern in patterns:
+        m = ctx.search(pattern)
+        if m:
+            return m.group(1).rstrip(".")
+    m = ctx.search(_URL_REPO.pattern)
+    return m.group(1) if m else None
+
+
+def _repo_variable(ctx: Context, repo: str) -> str:
+    if repo != ctx.model:
+        for name in ("TOKENIZER_NAME", "TOKENIZER"):
+            if env_value(ctx.env, name) == repo:
+                return name
+    return "MODEL_NAME"
+
+
+def _hub(ctx: Context, kind: str, patterns: Sequence[str], sentence: Callable[[str, str], str]) -> Diagnosis:
+    repo = _repo_from(ctx, patterns) or ctx.model or "(unknown)"
+    variable = _repo_variable(ctx, repo)
+    message = sentence(repo, variable) + tried_sentence(ctx.tried)
+    return Diagnosis(
+        kind=kind,
+        message=message,
+        evidence=evidence_of(ctx.hits[-1].line),
+        variable=variable,
+        value=repo,
+        repo=repo,
+    )
+
+
+def repo_not_found(ctx: Context) -> Diagnosis:
+    return _hub(
+        ctx,
+        "repo_not_found",
+        [r"(\S+) is not a local folder and is not a valid model identifier", r"(\S+) is not a local folder or a valid repository name"],
+        lambda repo, variable: repo_not_found_message(repo, variable),
+    )
+
+
+def gated_repo(ctx: Context) -> Diagnosis:
+    if ctx.hits[-1].rule.detail == "no_config":
+        return _no_config(ctx)
+    return _hub(
+        ctx,
+        "gated_repo",
+        [r"Access to model (\S+) is restricted", r"access to it at https?://huggingface\.co/([^\s'\"]+)", r"(\S+) is a gated repository"],
+        lambda repo, variable: gated_repo_message(repo, variable, ctx.token_set),
+    )
+
+
+def _no_config(ctx: Context) -> Diagnosis:
+    """vLLM could not read config.json at all: a gated repository read without access, most often."""
+    m = ctx.search(r"No supported config format found in (\S+)")
+    repo = (m.group(1).rstrip(".") if m else None) or ctx.model or "(unknown)"
+    variable = _repo_variable(ctx, repo)
+    token = "HF_TOKEN has no access to it" if ctx.token_set else "HF_TOKEN is not set"
+    message = (
+        f"vLLM could not read the config.json of {variable}={repo!r}: most often the repository is gated and "
+        f"{token}. To fix: accept the model's terms at https://huggingface.co/{repo} and set HF_TOKEN to a read "
+        f"token of that account; if the repository is not gated, check the name and that it holds a config.json."
+    )
+    return Diagnosis(
+        kind="gated_repo",
+        message=message + tried_sentence(ctx.tried),
+        evidence=evidence_of(ctx.hits[-1].line),
+        detail="no_config",
+        variable=variable,
+        value=repo,
+        repo=repo,
+    )
+
+
+_MODEL_VARIABLES = ("MODEL_NAME", "BAKED_MODEL_PATH", "TOKENIZER_NAME", "TOKENIZER")
+
+
+def _model_variable(ctx: Context, reference: str) -> str:
+    """Which variable holds `reference` (the model unless it is the tokenizer's or the baked path)."""
+    return next((name for name in _MODEL_VARIABLES if env_value(ctx.env, name) == reference), "MODEL_NAME")
+
+
+def model_path_missing(ctx: Context) -> Diagnosis:
+    hit = ctx.hits[-1]
+    m = re.search(r"path_or_model_id: '([^']*)'", hit.line) or re.search(
+        r"'([^']*)'\.?(?: Use `repo_type` argument if needed\.)?\s*$", hit.line
+    )
+    reference = m.group(1) if m else ctx.model or "(unknown)"
+    variable = _model_variable(ctx, reference)
+    if hit.rule.detail == "path_or_model_id" and not looks_like_path(reference):
+        # A well-formed id that could not be fetched, or nothing at all.
+        return Diagnosis(
+            kind="repo_not_found",
+            message=repo_not_found_message(reference, variable) + tried_sentence(ctx.tried),
+            evidence=evidence_of(hit.line),
+            variable=variable,
+            value=reference,
+            repo=reference,
+        )
+    if looks_like_path(reference):
+        message = model_path_missing_message(reference, variable)
+    else:
+        message = invalid_model_name_message(reference, variable)
+    return Diagnosis(
+        kind="model_path_missing",
+        message=message + tried_sentence(ctx.tried),
+        evidence=evidence_of(hit.line),
+        variable=variable,
+        value=reference,
+    )
+
+
+
+
+def offline_not_cached(ctx: Context) -> Diagnosis:
+    hit = ctx.hits[-1]
+    # huggingface_hub does not name the repository; vLLM's "non-default args" line does.
+    said = ctx.search(r"non-default args: \{.*?'model': '([^']+)'")
+    repo = ctx.model or (said.group(1) if said else None) or "(unknown)"
+    variable = _model_variable(ctx, repo)
+    offline = ctx.profile.offline
+    offline_value = env_value(ctx.env, offline) if offline else None
+    revision = env_value(ctx.env, "MODEL_REVISION") if variable == "MODEL_NAME" else None
+    missing_dir = ctx.search(r"Cache directory not found: (\S+?)\.?(?:\s|$)")
+    if missing_dir:
+        message = (
+            f"The Hugging Face cache directory {missing_dir.group(1)} does not exist, so vLLM cannot find "
+            f"{variable}={repo!r} in it: point HF_HOME or HF_HUB_CACHE at the cache that holds the model (a network "
+            f"volume is mounted at /runpod-volume), or unset HF_HUB_OFFLINE so the worker can download it."
+        )
+    else:
+        message = offline_not_cached_message(
+            repo, variable, offline or "HF_HUB_OFFLINE", offline_value or "1", revision=revision
+        )
+    return Diagnosis(
+        kind="offline_not_cached",
+        message=message + tried_sentence(ctx.tried),
+        evidence=evidence_of(hit.line),
+        variable=offline or "HF_HUB_OFFLINE",
+        value=offline_value,
+        repo=repo,
+        revision=revision,
+    )
+
+
+def unauthorized(ctx: Context) -> Diagnosis:
+    if ctx.hits[-1].rule.detail == "token_format":
+        cause = "HF_TOKEN is not a valid HTTP header value: it contains a newline, a space or quotes"
+        return Diagnosis(
+            kind="unauthorized",
+            message=compose(cause, ctx.tried, ["set HF_TOKEN to the token alone (hf_...), with nothing around it"]),
+            evidence=evidence_of(ctx.hits[-1].line),
+            detail="token_format",
+            variable="HF_TOKEN",
+        )
+    return _hub(
+        ctx,
+        "unauthorized",
+        [r"error when trying to load (\S+?):?$"],
+        lambda repo, variable: unauthorized_message(repo, variable, ctx.token_set),
+    )
+
+
+_REVISION_VARIABLES = ("MODEL_REVISION", "REVISION", "TOKENIZER_REVISION", "CODE_REVISION")
+
+
+def revision_not_found(ctx: Context) -> Diagnosis:
+    said = ctx.search(r"(\S+) is not a valid git identifier .*?huggingface\.co/([^'\s]+)'")
+    url = ctx.search(_URL_REPO.pattern)
+    repo = (said.group(2) if said else None) or (url.group(1) if url else None) or ctx.model or "(unknown)"
+    revision = (said.group(1) if said else None) or (unquote(url.group(2)) if url else None) or ctx.revision or "(unknown)"
+    variable = next((name for name in _REVISION_VARIABLES if env_value(ctx.env, name) == revision), None)
+    if variable is None:
+        variable = next((name for name in _REVISION_VARIABLES if env_value(ctx.env, name) is not None), None)
+    if variable is not None:
+        message = revision_not_found_message(repo, revision, variable) + tried_sentence(ctx.tried)
+    else:
+        # No revision was pinned: vLLM resolved the default branch to a commit that vanished meanwhile.
+        message = compose(
+            f"Revision {revision!r} of {repo!r} disappeared while vLLM was fetching it (the repository was "
+            f"probably force-pushed while the worker started)",
+            ctx.tried,
+            ["restart the worker to fetch the current revision, or pin MODEL_REVISION to a commit that stays"],
+        )
+    return Diagnosis(
+        kind="revision_not_found",
+        message=message,
+        evidence=evidence_of(ctx.hits[-1].line),
+        variable=variable,
+        value=revision,
+        repo=repo,
+        revision=revision,
+    )
+
+
+
+def hub_unreachable(ctx: Context) -> Diagnosis:
+    said = ctx.search(r"non-default args: \{.*?'model': '([^']+)'")
+    named = ctx.search(r"it looks like (\S+) is not the path to a directory")
+    repo = ctx.model or (named.group(1) if named else None) or (said.group(1) if said else None) or "(unknown)"
+    variable = _model_variable(ctx, repo)
+    if looks_like_path(repo) or (named and "/" not in repo):
+        # Not a Hub id (owner/name): a local directory that is not there, which no download can fix.
+        return Diagnosis(
+            kind="model_path_missing",
+            message=model_path_missing_message(repo, variable) + tried_sentence(ctx.tried),
+            evidence=evidence_of(ctx.hits[-1].line),
+            variable=variable,
+            value=repo,
+        )
+    return Diagnosis(
+        kind="hub_unreachable",
+        message=hub_unreachable_message(repo, variable) + tried_sentence(ctx.tried),
+        evidence=evidence_of(ctx.hits[-1].line),
+        variable=variable,
+        value=repo,
+        repo=repo,
+    )
