@@ -31,6 +31,7 @@ from vllm_worker.model_facts import (
 )
 from vllm_worker.plan_report import summary_line
 from vllm_worker.plan_settings import cpu_has_amx, effective_env, env_value, knobs_from_env
+from vllm_worker.profile import apply_overrides
 
 
 @dataclass
@@ -83,7 +84,7 @@ def fit_profile(
         step = recovery.next_launch(env, attempts, max_concurrency, device_total_bytes=device_total_bytes)
         if isinstance(step, recovery.Stop):
             break
-        launch_env = _apply(env, step.overrides)
+        launch_env = apply_overrides(env, step.overrides)
         candidate = plan_for(launch_env)
         candidates.append((step, launch_env, candidate))
         if candidate.verdict != "does_not_fit":
@@ -96,7 +97,7 @@ def fit_profile(
         base_step = candidates[0][0] if candidates and candidates[0][0].profile.startswith("max_num_seqs") else None
         overrides = dict(base_step.overrides) if base_step else {}
         overrides["MAX_MODEL_LEN"] = "auto"
-        auto_env = _apply(env, overrides)
+        auto_env = apply_overrides(env, overrides)
         auto_plan = plan_for(auto_env)
         # vLLM fits the context to the memory it measures, so a first boot's compile only shortens it:
         # the central prediction decides, and the warning gives the band.
@@ -147,16 +148,6 @@ def fit_profile(
             if not any(line.split(" is OVERRIDDEN")[0] in w for w in decision.warnings):
                 decision.warnings.append(line)
     return decision
-
-
-def _apply(env: Mapping[str, str], overrides: Mapping[str, str | None]) -> dict[str, str]:
-    result = dict(env)
-    for key, value in overrides.items():
-        if value is None:
-            result.pop(key, None)
-        else:
-            result[key] = value
-    return result
 
 
 def cannot_fit_message(

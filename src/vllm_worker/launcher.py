@@ -23,7 +23,7 @@ from typing import Any, Callable, Literal, Mapping, Sequence
 from vllm_worker import args_builder, capacity, recovery, startup_errors
 from vllm_worker import settings as settings_mod
 from vllm_worker.engine import Engine, command_problem
-from vllm_worker.profile import LaunchProfile
+from vllm_worker.profile import LaunchProfile, apply_overrides
 
 log = logging.getLogger("vllm_worker")
 
@@ -65,17 +65,6 @@ class Supervisor:
     @property
     def stopping(self) -> bool:
         return self._stopping
-
-
-def apply_overrides(env: Mapping[str, str], overrides: Mapping[str, str | None]) -> dict[str, str]:
-    """The launch configuration of a ladder profile: a value sets the variable, None removes it."""
-    launch_env = dict(env)
-    for key, value in overrides.items():
-        if value is None:
-            launch_env.pop(key, None)
-        else:
-            launch_env[key] = value
-    return launch_env
 
 
 def startup_timeout_message(settings: settings_mod.Settings) -> str:

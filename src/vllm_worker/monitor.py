@@ -29,8 +29,8 @@ from typing import Any, Callable, Mapping, Sequence
 from vllm_worker import handler, recovery, startup_errors
 from vllm_worker import settings as settings_mod
 from vllm_worker.engine import Engine, health_url
-from vllm_worker.launcher import Launcher, MemoryWait, Supervisor, apply_overrides, profile_notice
-from vllm_worker.profile import LaunchProfile
+from vllm_worker.launcher import Launcher, MemoryWait, Supervisor, profile_notice
+from vllm_worker.profile import LaunchProfile, apply_overrides
 
 log = logging.getLogger("vllm_worker")
 

@@ -143,6 +143,17 @@ def effective_max_num_seqs(env: Mapping[str, str], max_concurrency: int) -> int:
     return value if value is not None else multiple_of_8_at_least(max_concurrency)
 
 
+def apply_overrides(env: Mapping[str, str], overrides: Mapping[str, str | None]) -> dict[str, str]:
+    """The launch configuration of a ladder profile: a value sets the variable, None removes it."""
+    launch_env = dict(env)
+    for key, value in overrides.items():
+        if value is None:
+            launch_env.pop(key, None)
+        else:
+            launch_env[key] = value
+    return launch_env
+
+
 def _float(env: Mapping[str, str], name: str) -> float | None:
     value = env_value(env, name)
     try:

@@ -51,25 +51,7 @@ WORKER_TIMEOUT = 3 * BOOT_TIMEOUT
 
 def base_env(model: Path | str, **overrides: str | None) -> dict[str, str]:
     """The tiny-engine configuration a user would give the worker, with `overrides` (None removes)."""
-    env = {
-        **engine_env.ENGINE_ENV,
-        "MODEL_NAME": str(model),
-        "VLLM_COMMAND": f"{engine_env.VLLM_BIN} serve",
-        "VLLM_PORT": str(engine_env.free_port()),
-        "ENFORCE_EAGER": "true",
-        "MAX_MODEL_LEN": "512",
-        "KV_CACHE_MEMORY_BYTES": str(engine_env.TINY_KV_CACHE_BYTES),
-        "DTYPE": engine_env.TINY_DTYPE,
-        "DISABLE_LOG_STATS": "true",
-        "MAX_CONCURRENCY": MAX_CONCURRENCY,
-        "VLLM_STARTUP_TIMEOUT": str(int(BOOT_TIMEOUT)),
-    }
-    for name, value in overrides.items():
-        if value is None:
-            env.pop(name, None)
-        else:
-            env[name] = value
-    return env
+    return engine_env.tiny_worker_env(model, **{"DISABLE_LOG_STATS": "true", "MAX_CONCURRENCY": MAX_CONCURRENCY, **overrides})
 
 
 # ----------------------------------------------------------------------------- direct captures

@@ -19,6 +19,7 @@ from typing import Mapping, Sequence
 import pytest
 
 from vllm_worker.engine import Engine
+from vllm_worker.profile import apply_overrides
 
 REPO = Path(__file__).resolve().parents[2]
 ENGINE_VENV = REPO / ".venv-engine"
@@ -166,9 +167,4 @@ def tiny_worker_env(model: Path | str, **overrides: str | None) -> dict[str, str
         "MAX_CONCURRENCY": "4",
         "VLLM_STARTUP_TIMEOUT": str(int(BOOT_TIMEOUT)),
     }
-    for name, value in overrides.items():
-        if value is None:
-            env.pop(name, None)
-        else:
-            env[name] = value
-    return env
+    return apply_overrides(env, overrides)

@@ -401,7 +401,7 @@ def test_a_missing_model_is_never_relaunched(case: str, model: str) -> None:
 
 def test_after_an_oom_death_the_ladder_goes_seqs_then_eager_then_nothing_left() -> None:
     from vllm_worker import recovery
-    from vllm_worker.launcher import apply_overrides
+    from vllm_worker.profile import apply_overrides
 
     base = {**BASE, "MAX_NUM_SEQS": "64"}
     first = recovery.next_after_death(base, base, 30)
