@@ -1,7 +1,7 @@
 # syntax=docker/dockerfile:1
 # The worker image: vLLM's own image, plus the worker in a venv of its own, so the worker's
 # dependencies never replace a package vLLM was built against. `vllm serve` stays the image's.
-# The base tag must match VLLM_VERSION in src/vllm_worker/versions.py (checked by a test).
+# The base tag must match VLLM_VERSION in src/vllm_worker/config/versions.py (checked by a test).
 FROM vllm/vllm-openai:v0.32.0
 
 ENV PYTHONUNBUFFERED=1
@@ -50,7 +50,7 @@ ENV BAKED_MODEL_PATH=${MODEL_NAME:+/opt/models/model} \
 # Models fetched at run time go to the network volume when one is attached, so a cold start
 # on another worker finds them already downloaded. The hub cache is where Runpod's model
 # caching puts models and where Runpod's official vLLM worker downloads them, so a volume
-# shared with it, or a cached model, is served without a download (src/vllm_worker/model_cache.py).
+# shared with it, or a cached model, is served without a download (src/vllm_worker/model/cache.py).
 ARG BASE_PATH=/runpod-volume
 ENV HF_HOME=${BASE_PATH}/huggingface-cache \
     HF_HUB_CACHE=${BASE_PATH}/huggingface-cache/hub

@@ -100,7 +100,7 @@ def one(case: str, hub: HubStub, root: Path) -> tuple[float, str]:
 
 def importtime() -> None:
     """The slowest cumulative imports of `python -m vllm_worker` (its modules and the SDK)."""
-    code = "import vllm_worker.main, vllm_worker.handler, vllm_worker.preflight, huggingface_hub, runpod"
+    code = "import vllm_worker.main, vllm_worker.serving.handler, vllm_worker.model.preflight, huggingface_hub, runpod"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
     out = subprocess.run([sys.executable, "-X", "importtime", "-c", code], env=env, capture_output=True, text=True).stderr
     rows = []

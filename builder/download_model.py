@@ -39,7 +39,7 @@ from huggingface_hub.errors import (
 )
 from huggingface_hub.utils import disable_progress_bars
 
-from vllm_worker.startup_errors import (
+from vllm_worker.diagnosis.startup_errors import (
     gated_repo_message,
     repo_not_found_message,
     revision_not_found_message,

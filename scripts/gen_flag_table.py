@@ -1,4 +1,4 @@
-"""Write src/vllm_worker/vllm_flags.json: every `vllm serve` option, read from vLLM's own parser.
+"""Write src/vllm_worker/config/vllm_flags.json: every `vllm serve` option, read from vLLM's own parser.
 
 The worker never imports vLLM, yet it must turn any UPPER_SNAKE variable into the right
 `vllm serve` flag and answer a bad value in milliseconds instead of after vLLM's ~12 s
@@ -16,7 +16,7 @@ the worker must never refuse what vLLM would accept.
 
 Run it with the engine's interpreter:
 
-    .venv-engine/bin/python scripts/gen_flag_table.py [--out src/vllm_worker/vllm_flags.json]
+    .venv-engine/bin/python scripts/gen_flag_table.py [--out src/vllm_worker/config/vllm_flags.json]
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_OUT = ROOT / "src" / "vllm_worker" / "vllm_flags.json"
+DEFAULT_OUT = ROOT / "src" / "vllm_worker" / "config" / "vllm_flags.json"
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")

@@ -26,10 +26,20 @@ import threading
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence, cast
 
-from vllm_worker import args_builder, capacity, gpu_memory, handler, model_cache, runpod_glue
-from vllm_worker import settings as settings_mod
-from vllm_worker.launcher import StartupOutcome, Supervisor, start_engine
-from vllm_worker.monitor import RESTARTING, EngineMonitor, budget_sentence, health_status
+from vllm_worker.config import args_builder
+
+from vllm_worker import capacity
+
+from vllm_worker.engine import gpu_memory
+
+from vllm_worker.serving import handler
+
+from vllm_worker.model import cache as model_cache
+
+from vllm_worker.serving import platform as runpod_glue
+from vllm_worker.config import settings as settings_mod
+from vllm_worker.engine.launcher import StartupOutcome, Supervisor, start_engine
+from vllm_worker.engine.monitor import RESTARTING, EngineMonitor, budget_sentence, health_status
 
 # Re-exported: tests and tools reach them through main.
 __all__ = ["RESTARTING", "EngineMonitor", "StartupOutcome", "Supervisor", "budget_sentence", "cli", "health_status", "run", "start_engine"]
@@ -187,7 +197,7 @@ def _cpu_brand() -> dict[str, str]:
 
 
 def _startup(env: dict[str, str], settings: settings_mod.Settings, supervisor: Supervisor) -> StartupOutcome:
-    from vllm_worker import preflight
+    from vllm_worker.model import preflight
 
     # Every flag value the table can judge is answered now, before any Hub call or launch.
     try:

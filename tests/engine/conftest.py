@@ -14,7 +14,7 @@ import pytest
 
 from tests.support import engine_env
 from tests.support.engine_env import STOP_GRACE, start_ready_engine
-from vllm_worker.engine import Engine
+from vllm_worker.engine.process import Engine
 
 
 @pytest.fixture(autouse=True)

@@ -30,7 +30,8 @@ import pytest
 from tests.support import engine_env
 from tests.support.engine_env import BOOT_TIMEOUT, ENGINE_PYTHON, REPO, STOP_GRACE
 from vllm_worker import capacity
-from vllm_worker.engine import Engine
+from vllm_worker.capacity import plan_settings
+from vllm_worker.engine.process import Engine
 
 CACHE = REPO / ".cache"
 
@@ -189,7 +190,7 @@ def boot_until_capacity(model: Path, flags: list[str], *, wait_ready: bool = Fal
 def predicted(model: Path, shape: Shape) -> capacity.Plan:
     facts = capacity.facts_from_folder(model)
     # On an AMX CPU (and with setup.sh's hook asking Linux for AMX state) vLLM runs MLA on AMX_MLA.
-    knobs = capacity.knobs_from_env(shape.env(), platform="cpu", cpu_amx=capacity.cpu_has_amx())
+    knobs = capacity.knobs_from_env(shape.env(), platform="cpu", cpu_amx=plan_settings.cpu_has_amx())
     return capacity.plan(facts, None, knobs)
 
 

@@ -3,7 +3,7 @@
 The worker never imports vLLM, so the parser is built in the engine venv by a subprocess,
 the same way `vllm` builds it (a root FlexibleArgumentParser with the `serve` subcommand):
 
-- the checked-in table (src/vllm_worker/vllm_flags.json) must be what
+- the checked-in table (src/vllm_worker/config/vllm_flags.json) must be what
   scripts/gen_flag_table.py writes for the installed vLLM, so a vLLM upgrade fails here
   until the table is regenerated;
 - the worker's argv must parse as meant (every boolean both ways, aliases, lists, the
@@ -26,8 +26,8 @@ from unittest import mock
 
 import pytest
 
-from vllm_worker import flag_messages
-from vllm_worker.args_builder import (
+from vllm_worker.config import flag_messages
+from vllm_worker.config.args_builder import (
     ALIASES,
     FLAGS,
     LEGACY_ALIASES,
@@ -39,14 +39,14 @@ from vllm_worker.args_builder import (
     build_args,
     flag_for,
 )
-from vllm_worker.settings import Settings
+from vllm_worker.config.settings import Settings
 
 pytestmark = pytest.mark.engine
 
 ROOT = Path(__file__).resolve().parents[2]
 ENGINE_PYTHON = ROOT / ".venv-engine" / "bin" / "python"
 GENERATOR = ROOT / "scripts" / "gen_flag_table.py"
-CHECKED_IN = ROOT / "src" / "vllm_worker" / TABLE_FILE
+CHECKED_IN = ROOT / "src" / "vllm_worker" / "config" / TABLE_FILE
 SETTINGS = Settings()
 
 # A model directory with only a config.json: enough for vLLM to build its configuration.

@@ -1,7 +1,7 @@
 """What a job can reach on the REAL vLLM 0.32 engine, and that a shorthand job's token budget arrives.
 
 The worker never imports vLLM, so its route lists and request-key sets are written out in
-vllm_worker.job_input. Here they are held against the engine's own /openapi.json: every
+vllm_worker.serving.job_input. Here they are held against the engine's own /openapi.json: every
 route the engine serves is either open (with the method the engine takes) or closed with
 a reason, the admin routes are closed, and the shorthand keys are exactly the fields of
 vLLM's CompletionRequest and ChatCompletionRequest. Two engines are read: the shared
@@ -28,9 +28,9 @@ import pytest
 
 from tests.support import engine_env
 from tests.support.engine_env import STOP_GRACE, start_ready_engine
-from vllm_worker.engine import Engine
-from vllm_worker.handler import WorkerState, close_session, configure, handler
-from vllm_worker.job_input import ALLOWED_ROUTES, BODYLESS_ROUTES, CHAT_KEYS, CLOSED_ROUTES, COMPLETION_KEYS
+from vllm_worker.engine.process import Engine
+from vllm_worker.serving.handler import WorkerState, close_session, configure, handler
+from vllm_worker.serving.job_input import ALLOWED_ROUTES, BODYLESS_ROUTES, CHAT_KEYS, CLOSED_ROUTES, COMPLETION_KEYS
 
 pytestmark = pytest.mark.engine
 

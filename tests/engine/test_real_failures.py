@@ -32,9 +32,11 @@ from tests.support import engine_env
 from tests.support.control_plane import ControlPlane
 from tests.support.engine_env import BOOT_TIMEOUT, STOP_GRACE
 from tests.support.worker_proc import WorkerProcess
-from vllm_worker import args_builder, recovery, startup_errors
-from vllm_worker import settings as worker_settings
-from vllm_worker.engine import Engine
+from vllm_worker.config import args_builder
+from vllm_worker.engine import ladder
+from vllm_worker.diagnosis import startup_errors
+from vllm_worker.config import settings as worker_settings
+from vllm_worker.engine.process import Engine
 
 pytestmark = pytest.mark.engine
 
@@ -172,16 +174,16 @@ def answered_alike_and_alive(failing: FailingWorker) -> str:
 
 
 def ladder(env: Mapping[str, str], diagnosis: startup_errors.Diagnosis) -> list[dict[str, str | None]]:
-    """The overrides of every launch recovery.next_launch plans when each launch fails the same way."""
+    """The overrides of every launch ladder.next_launch plans when each launch fails the same way."""
     launches: list[dict[str, str | None]] = [{}]
-    attempts: list[recovery.Attempt] = []
+    attempts: list[ladder.Attempt] = []
     while True:
         launch_env = {**env, **{k: v for k, v in launches[-1].items() if v is not None}}
         for name in [k for k, v in launches[-1].items() if v is None]:
             launch_env.pop(name, None)
-        attempts.append(recovery.Attempt(env=launch_env, diagnosis=diagnosis))
-        step = recovery.next_launch(env, attempts, int(env["MAX_CONCURRENCY"]))
-        if isinstance(step, recovery.Stop):
+        attempts.append(ladder.Attempt(env=launch_env, diagnosis=diagnosis))
+        step = ladder.next_launch(env, attempts, int(env["MAX_CONCURRENCY"]))
+        if isinstance(step, ladder.Stop):
             return launches
         launches.append(dict(step.overrides))
 
@@ -208,7 +210,7 @@ def test_kv_cache_too_small_is_launched_as_often_as_the_ladder_says(failing_work
     status = failing.status()
 
     launches = status["launches"]
-    assert 1 <= len(launches) <= recovery.MAX_LAUNCHES
+    assert 1 <= len(launches) <= ladder.MAX_LAUNCHES
     assert all(launch["outcome"] == "failed" and launch["exit_code"] == 1 for launch in launches), launches
     assert status["causes"] == ["memory_shortfall"] * len(launches)
     assert status["fatal"] == failing.results()[0]["error"]

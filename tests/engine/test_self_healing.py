@@ -39,7 +39,9 @@ import pytest
 from tests.support import engine_env
 from tests.support.control_plane import ControlPlane
 from tests.support.worker_proc import WorkerProcess
-from vllm_worker import gpu_memory, main, startup_errors
+from vllm_worker.engine import gpu_memory
+from vllm_worker import main
+from vllm_worker.diagnosis import startup_errors
 
 pytestmark = pytest.mark.engine
 
@@ -232,7 +234,7 @@ HOLDER = textwrap.dedent(
     """
     import math, sys, time
     sys.path.insert(0, sys.argv[1])
-    from vllm_worker import gpu_memory
+    from vllm_worker.engine import gpu_memory
 
     utilization, margin, cap, lifetime = float(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
 

@@ -18,7 +18,7 @@ from typing import Iterator
 import pytest
 
 from tests.support.hub_stub import HubStub
-from vllm_worker import startup_errors
+from vllm_worker.diagnosis import startup_errors
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "builder" / "download_model.py"

@@ -28,9 +28,12 @@ from tests.support.control_plane import ControlPlane
 from tests.support.engine_env import free_port
 from tests.support.fake_engine import FakeEngine
 from tests.support.worker_proc import WorkerProcess
-from vllm_worker import gpu_memory, main, recovery, startup_errors
-from vllm_worker import handler as handler_module
-from vllm_worker.handler import WorkerState
+from vllm_worker.engine import gpu_memory
+from vllm_worker import main
+from vllm_worker.engine import ladder
+from vllm_worker.diagnosis import startup_errors
+from vllm_worker.serving import handler as handler_module
+from vllm_worker.serving.handler import WorkerState
 
 pytestmark = pytest.mark.integration
 
@@ -144,13 +147,13 @@ def test_repeated_ooms_while_serving_walk_the_ladder_then_the_budget_answers(cp:
     env = worker_env(engine, MAX_NUM_SEQS="64")
     try:
         with WorkerProcess(env, control_plane=cp, workdir=tmp_path):
-            answers = [run_job(cp, JOB)[0] for _ in range(recovery.MAX_RESTARTS + 2)]
+            answers = [run_job(cp, JOB)[0] for _ in range(ladder.MAX_RESTARTS + 2)]
             report = status(cp)
     finally:
         engine.kill_leftovers()
 
     argvs = [launch["argv"] for launch in engine.launches()]
-    assert len(argvs) == recovery.MAX_RESTARTS + 1
+    assert len(argvs) == ladder.MAX_RESTARTS + 1
     # Step 1 keeps graphs with fewer sequences, step 2 goes eager, then the same footprint again.
     assert argvs[1][argvs[1].index("--max-num-seqs") + 1] == "32" and "--enforce-eager" not in argvs[1]
     assert "--enforce-eager" in argvs[2] and argvs[3] == argvs[2]
@@ -169,7 +172,7 @@ def test_a_configuration_that_keeps_killing_its_engine_is_answered_with_the_caus
     env = worker_env(engine)
     try:
         with WorkerProcess(env, control_plane=cp, workdir=tmp_path) as worker:
-            answers = [run_job(cp, JOB)[0] for _ in range(recovery.MAX_RESTARTS + 2)]
+            answers = [run_job(cp, JOB)[0] for _ in range(ladder.MAX_RESTARTS + 2)]
             report = status(cp)
             log = worker.log()
     finally:
@@ -178,17 +181,17 @@ def test_a_configuration_that_keeps_killing_its_engine_is_answered_with_the_caus
     cause = startup_errors.runtime_failure("RuntimeError: boom", env, exit_code=3)
     assert cause.message == "The engine exited with code 3 while serving requests; its last error was: RuntimeError: boom."
     restarting = {"error": f"{cause.message} {main.RESTARTING}"}
-    final = {"error": main.budget_sentence(cause.message, recovery.MAX_RESTARTS + 1)}
+    final = {"error": main.budget_sentence(cause.message, ladder.MAX_RESTARTS + 1)}
     # Each death within the budget is restarted; the one past it is answered, and so is every later job.
-    assert answers == [restarting] * recovery.MAX_RESTARTS + [final, final]
+    assert answers == [restarting] * ladder.MAX_RESTARTS + [final, final]
     assert "not restarted again" in final["error"] and "terminate this worker" in final["error"]
 
-    assert len(engine.launches()) == recovery.MAX_RESTARTS + 1
-    assert report["restarts"] == recovery.MAX_RESTARTS
+    assert len(engine.launches()) == ladder.MAX_RESTARTS + 1
+    assert report["restarts"] == ladder.MAX_RESTARTS
     assert report["fatal"] == final["error"] and report["ready"] is False
     assert [(r["outcome"], r["cause"], r["exit_code"]) for r in report["launches"]] == [
         ("died", "engine_died", 3)
-    ] * (recovery.MAX_RESTARTS + 1)
+    ] * (ladder.MAX_RESTARTS + 1)
     # Past the budget the engine's last words are in the log, where the operator looks.
     assert "the engine's last" in log and log.rindex("RuntimeError: boom") > log.index("the engine's last")
 

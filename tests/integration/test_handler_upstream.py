@@ -17,8 +17,8 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from vllm_worker import handler as handler_module
-from vllm_worker.handler import WorkerState, close_session, configure, handler, split_events
+from vllm_worker.serving import handler as handler_module
+from vllm_worker.serving.handler import WorkerState, close_session, configure, handler, split_events
 
 SERVED = "org/served-model"
 

@@ -16,7 +16,7 @@ import pytest
 from huggingface_hub import snapshot_download
 
 from tests.support.hub_stub import HubStub
-from vllm_worker import model_cache
+from vllm_worker.model import cache as model_cache
 
 pytestmark = pytest.mark.integration
 

@@ -11,9 +11,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from tests.support.fake_engine import FakeEngine
-from vllm_worker import capacity, main
-from vllm_worker import settings as settings_mod
-from vllm_worker.gpus import find_card
+from vllm_worker import capacity
+from vllm_worker.capacity import kv_cache
+from vllm_worker import main
+from vllm_worker.config import settings as settings_mod
+from vllm_worker.capacity.gpus import find_card
 
 CARD = find_card("RTX 4090").total_bytes
 # A Llama-8B shape whose 1,000,000-token vocabulary makes the sampler of 256 sequences
@@ -36,7 +38,7 @@ PARAMS = {"BF16": 8030261248}
 
 def _length_beyond(facts: capacity.ModelFacts, env: dict[str, str]) -> int:
     loose = capacity.plan(facts, CARD, capacity.knobs_from_env(env, max_concurrency=30), max_concurrency=30)
-    return (loose.kv_cache_bytes + loose.margin_bytes) // capacity.kv_bytes_per_token(facts) + 256
+    return (loose.kv_cache_bytes + loose.margin_bytes) // kv_cache.kv_bytes_per_token(facts) + 256
 
 
 def test_the_first_launch_runs_the_profile_the_plan_predicted_to_fit(tmp_path: Path) -> None:

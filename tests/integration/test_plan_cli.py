@@ -22,7 +22,8 @@ import pytest
 
 from tests.support.hub_stub import HubStub
 from tests.support.model_configs import LLAMA_31_8B, LLAMA_31_8B_PARAMS
-from vllm_worker import capacity, startup_errors
+from vllm_worker import capacity
+from vllm_worker.diagnosis import startup_errors
 from vllm_worker.capacity import GiB
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -14,7 +14,8 @@ from typing import Iterator
 import pytest
 
 from tests.support.hub_stub import HubStub, StubRepo
-from vllm_worker import preflight, startup_errors
+from vllm_worker.model import preflight
+from vllm_worker.diagnosis import startup_errors
 
 TOKEN_WITH_ACCESS = "hf_withaccess0123456789"
 TOKEN_WITHOUT_ACCESS = "hf_noaccess0123456789"
@@ -195,7 +196,7 @@ def test_transient_status_is_a_warning_and_no_retry(
 ) -> None:
     hub.fail(status, times=None)
     env = env_for(hub, MODEL_NAME="org/gated", TOKENIZER_NAME="org/tokenizer", HF_TOKEN=TOKEN_WITH_ACCESS)
-    with caplog.at_level(logging.WARNING, logger="vllm_worker.preflight"):
+    with caplog.at_level(logging.WARNING, logger="vllm_worker.model.preflight"):
         result = preflight.run(env)
     assert (result.ok, result.message, result.kind) == (True, None, None)
     assert len(result.warnings) == 1 and kind in result.warnings[0] and "org/gated" in result.warnings[0]

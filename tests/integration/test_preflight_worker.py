@@ -21,7 +21,8 @@ from tests.support.control_plane import ControlPlane
 from tests.support.fake_engine import FakeEngine
 from tests.support.hub_stub import HubStub
 from tests.support.worker_proc import WorkerProcess
-from vllm_worker import preflight, startup_errors
+from vllm_worker.model import preflight
+from vllm_worker.diagnosis import startup_errors
 
 pytestmark = pytest.mark.integration
 

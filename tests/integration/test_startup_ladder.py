@@ -19,7 +19,7 @@ diagnosis); these tests cover the rest of the ladder:
 - an explicit MAX_MODEL_LEN is never lowered.
 
 Expected sentences are computed with the pure functions the worker uses
-(`startup_errors.diagnose` over the same text, `recovery.next_launch` for what was
+(`startup_errors.diagnose` over the same text, `ladder.next_launch` for what was
 tried), so these tests pin the wiring, not the wording.
 """
 
@@ -35,8 +35,9 @@ from tests.support import vllm_texts
 from tests.support.control_plane import ControlPlane
 from tests.support.fake_engine import FakeEngine
 from tests.support.worker_proc import WorkerProcess
-from vllm_worker import recovery, startup_errors
-from vllm_worker.settings import multiple_of_8_at_least
+from vllm_worker.engine import ladder
+from vllm_worker.diagnosis import startup_errors
+from vllm_worker.config.settings import multiple_of_8_at_least
 
 pytestmark = pytest.mark.integration
 
@@ -82,14 +83,14 @@ def changed(before: Sequence[str], after: Sequence[str]) -> dict[str, tuple[str 
 
 def expected_answer(
     texts: Sequence[str], base_env: Mapping[str, str], max_concurrency: int = 30
-) -> tuple[str, list[recovery.Relaunch]]:
+) -> tuple[str, list[ladder.Relaunch]]:
     """The sentence the worker must answer with after launches failing with `texts`, and the relaunches.
 
     Replays what the worker does, with the same pure functions: diagnose each failure
     with what was tried so far, ask the ladder for the next launch, apply its overrides.
     """
-    attempts: list[recovery.Attempt] = []
-    relaunches: list[recovery.Relaunch] = []
+    attempts: list[ladder.Attempt] = []
+    relaunches: list[ladder.Relaunch] = []
     tried: list[str] = []
     env = dict(base_env)
     for text in texts:
@@ -97,9 +98,9 @@ def expected_answer(
             text, env.get("MODEL_NAME"), revision=env.get("MODEL_REVISION"), exit_code=1, env=env, tried=tried
         )
         assert diagnosis is not None, "the scripted text must be one the worker recognises"
-        attempts.append(recovery.Attempt(env=dict(env), diagnosis=diagnosis))
-        step = recovery.next_launch(base_env, attempts, max_concurrency)
-        if isinstance(step, recovery.Stop):
+        attempts.append(ladder.Attempt(env=dict(env), diagnosis=diagnosis))
+        step = ladder.next_launch(base_env, attempts, max_concurrency)
+        if isinstance(step, ladder.Stop):
             return diagnosis.message, relaunches
         relaunches.append(step)
         tried.append(step.tried_phrase)

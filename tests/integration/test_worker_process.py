@@ -25,8 +25,9 @@ from tests.support import vllm_texts
 from tests.support.control_plane import ControlPlane
 from tests.support.fake_engine import FakeEngine, alive
 from tests.support.worker_proc import WorkerProcess
-from vllm_worker import recovery, startup_errors
-from vllm_worker import settings as worker_settings
+from vllm_worker.engine import ladder as recovery
+from vllm_worker.diagnosis import startup_errors
+from vllm_worker.config import settings as worker_settings
 
 pytestmark = pytest.mark.integration
 

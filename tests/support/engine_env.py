@@ -18,8 +18,8 @@ from typing import Mapping, Sequence
 
 import pytest
 
-from vllm_worker.engine import Engine
-from vllm_worker.profile import apply_overrides
+from vllm_worker.engine.process import Engine
+from vllm_worker.config.profile import apply_overrides
 
 REPO = Path(__file__).resolve().parents[2]
 ENGINE_VENV = REPO / ".venv-engine"

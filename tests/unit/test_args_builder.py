@@ -11,8 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from vllm_worker import args_builder, flag_messages
-from vllm_worker.args_builder import (
+from vllm_worker.config import args_builder
+
+from vllm_worker.config import flag_messages
+from vllm_worker.config.args_builder import (
     ALIASES,
     FLAGS,
     LEGACY_ALIASES,
@@ -31,7 +33,7 @@ from vllm_worker.args_builder import (
     option_for,
     parse_bool,
 )
-from vllm_worker.settings import DOCUMENTED, Settings, SettingsError, load
+from vllm_worker.config.settings import DOCUMENTED, Settings, SettingsError, load
 
 SETTINGS = Settings()
 TOKEN = "hf_AbCdEfGhIjKlMnOpQrStUvWxYz0123456789"
@@ -476,8 +478,8 @@ def test_table_loads_with_every_serve_option():
 
 def test_the_table_is_package_data_so_an_installed_worker_finds_it():
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    assert args_builder.TABLE_FILE in pyproject["tool"]["setuptools"]["package-data"]["vllm_worker"]
-    assert (ROOT / "src" / "vllm_worker" / args_builder.TABLE_FILE).is_file()
+    assert args_builder.TABLE_FILE in pyproject["tool"]["setuptools"]["package-data"]["vllm_worker.config"]
+    assert (ROOT / "src" / "vllm_worker" / "config" / args_builder.TABLE_FILE).is_file()
 
 
 def test_options_the_old_hand_written_table_missed_are_settable():

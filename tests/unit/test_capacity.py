@@ -22,8 +22,10 @@ from tests.support.model_configs import (
     LLAMA_31_70B_PARAMS,
 )
 from vllm_worker import capacity as cap
+from vllm_worker.config.profile import parse_human_int
+from vllm_worker.capacity import at_boot, budget_versions, kv_cache, memory_budget, model_facts, plan_report, plan_settings
 from vllm_worker.capacity import GiB, MiB
-from vllm_worker.gpus import UnknownCard, cards_with_at_least, find_card
+from vllm_worker.capacity.gpus import UnknownCard, cards_with_at_least, find_card
 
 # --- public config.json shapes ---------------------------------------------------------
 
@@ -135,7 +137,7 @@ def knobs(env: dict[str, str] | None = None, **kw: object) -> cap.Knobs:
 def test_llama_full_attention_gqa_kv_per_token() -> None:
     f = facts(LLAMA_31_8B, LLAMA_31_8B_PARAMS)
     # 2 (K and V) x 8 KV heads x 128 head_dim x 2 bytes x 32 layers
-    assert cap.kv_bytes_per_token(f) == 2 * 8 * 128 * 2 * 32 == 131072
+    assert kv_cache.kv_bytes_per_token(f) == 2 * 8 * 128 * 2 * 32 == 131072
     assert f.layer_windows == (None,) * 32
     assert f.max_context == 131072  # llama3 rope leaves max_position_embeddings as it is
     assert f.head_dim == 128 and f.num_kv_heads == 8 and not f.mla
@@ -143,15 +145,15 @@ def test_llama_full_attention_gqa_kv_per_token() -> None:
 
 def test_tensor_parallel_divides_kv_heads_but_never_below_one() -> None:
     f = facts(LLAMA_31_8B)
-    assert cap.kv_bytes_per_token(f, tensor_parallel_size=2) == 65536
-    assert cap.kv_heads_per_rank(f, 8) == 1
-    assert cap.kv_heads_per_rank(f, 16) == 1  # 8 // 16 = 0 -> replicated, one head per GPU
-    assert cap.kv_bytes_per_token(f, tensor_parallel_size=16) == 2 * 1 * 128 * 2 * 32
+    assert kv_cache.kv_bytes_per_token(f, tensor_parallel_size=2) == 65536
+    assert kv_cache.kv_heads_per_rank(f, 8) == 1
+    assert kv_cache.kv_heads_per_rank(f, 16) == 1  # 8 // 16 = 0 -> replicated, one head per GPU
+    assert kv_cache.kv_bytes_per_token(f, tensor_parallel_size=16) == 2 * 1 * 128 * 2 * 32
 
 
 def test_qwen2_gqa_ignores_sliding_window_when_disabled() -> None:
     f = facts(QWEN25_7B)
-    assert cap.kv_bytes_per_token(f) == 2 * 4 * 128 * 2 * 28 == 57344
+    assert kv_cache.kv_bytes_per_token(f) == 2 * 4 * 128 * 2 * 28 == 57344
     assert f.layer_windows == (None,) * 28  # use_sliding_window false: sliding_window is ignored
     assert f.max_context == 32768
 
@@ -164,11 +166,11 @@ def test_qwen2_sliding_window_from_max_window_layers() -> None:
 def test_mistral_sliding_window_on_every_layer() -> None:
     f = facts(MISTRAL_7B_V01)
     assert f.layer_windows == (4096,) * 32
-    layout = cap.kv_layout(f, knobs())
+    layout = kv_cache.kv_layout(f, knobs())
     assert len(layout.groups) == 1 and not layout.hybrid
     assert layout.bytes_per_block == 32 * 16 * 8 * 2 * 128 * 2  # layers x page(block 16)
     # SlidingWindowSpec: cdiv(min(window - 1 + in-flight, L), block) + 1; in-flight = 2 x 2048 (async)
-    assert cap.blocks_per_request(layout, 32768, 4096) == -(-(4095 + 4096) // 16) + 1 == 513
+    assert kv_cache.blocks_per_request(layout, 32768, 4096) == -(-(4095 + 4096) // 16) + 1 == 513
 
 
 def test_mistral_sliding_window_capacity_with_fixed_kv_memory() -> None:
@@ -184,12 +186,12 @@ def test_mistral_sliding_window_capacity_with_fixed_kv_memory() -> None:
 def test_deepseek_mla_latent_is_not_divided_by_tp() -> None:
     f = facts(DEEPSEEK_V3, DEEPSEEK_V3_PARAMS)
     assert f.mla and f.head_dim == 512 + 64
-    assert cap.kv_bytes_per_token(f) == 61 * 576 * 2 == 70272
-    assert cap.kv_bytes_per_token(f, tensor_parallel_size=8) == 70272
-    assert cap.kv_bytes_per_token(f, kv_cache_dtype="fp8") == 61 * 576
-    assert cap.default_block_size(f, knobs()) == 64  # FlashMLA
-    assert cap.default_block_size(f, knobs(platform="cpu")) == 16  # reference CPU MLA
-    assert cap.default_block_size(f, knobs(platform="cpu", cpu_amx=True)) == 128  # AMX_MLA: the CPU default
+    assert kv_cache.kv_bytes_per_token(f) == 61 * 576 * 2 == 70272
+    assert kv_cache.kv_bytes_per_token(f, tensor_parallel_size=8) == 70272
+    assert kv_cache.kv_bytes_per_token(f, kv_cache_dtype="fp8") == 61 * 576
+    assert kv_cache.default_block_size(f, knobs()) == 64  # FlashMLA
+    assert kv_cache.default_block_size(f, knobs(platform="cpu")) == 16  # reference CPU MLA
+    assert kv_cache.default_block_size(f, knobs(platform="cpu", cpu_amx=True)) == 128  # AMX_MLA: the CPU default
     assert f.max_context == 163840  # yarn: max_position_embeddings is already the scaled length
 
 
@@ -199,25 +201,25 @@ def test_gemma3_multimodal_reads_text_config_and_builds_hybrid_groups() -> None:
     assert f.max_context == 131072  # gemma3's max length is already scaled: factor 8 not applied
     full = [i for i, w in enumerate(f.layer_windows) if w is None]
     assert full == [5, 11, 17, 23, 29, 35, 41, 47]  # (i + 1) % 6 == 0
-    layout = cap.kv_layout(f, knobs())
+    layout = kv_cache.kv_layout(f, knobs())
     page = 16 * 8 * 2 * 256 * 2
     # 40 sliding + 8 full: group size 8 -> 5 sliding groups and 1 full group of 8 layers each.
     assert sorted((g.window or 0, g.layers) for g in layout.groups) == [(0, 8)] + [(1024, 8)] * 5
     assert layout.bytes_per_block == 8 * page
     per_request = 131072 // 16 + 5 * (-(-(1023 + 4096) // 16) + 1)
-    assert cap.blocks_per_request(layout, 131072, 4096) == per_request == 9797
+    assert kv_cache.blocks_per_request(layout, 131072, 4096) == per_request == 9797
 
 
 def test_hybrid_group_sizes_follow_vllm_padding_rule() -> None:
     base = {**LLAMA_31_8B, "num_hidden_layers": 4, "sliding_window": 512}
     three_one = facts({**base, "layer_types": ["sliding_attention"] * 3 + ["full_attention"]})
-    layout = cap.kv_layout(three_one, knobs())
+    layout = kv_cache.kv_layout(three_one, knobs())
     assert sorted((g.window is None, g.layers) for g in layout.groups) == [(False, 1)] * 3 + [(True, 1)]
     page = 16 * 8 * 2 * 128 * 2
     assert layout.bytes_per_block == page
     seven = facts({**base, "num_hidden_layers": 7,
                    "layer_types": ["sliding_attention", "full_attention"] * 3 + ["sliding_attention"]})
-    layout = cap.kv_layout(seven, knobs())
+    layout = kv_cache.kv_layout(seven, knobs())
     # 4 sliding, 3 full: 4 < 1.5 x 3, so the group size is 4 (one group each, the full one padded).
     assert sorted((g.window is None, g.layers) for g in layout.groups) == [(False, 4), (True, 3)]
     assert layout.bytes_per_block == 4 * page
@@ -225,7 +227,7 @@ def test_hybrid_group_sizes_follow_vllm_padding_rule() -> None:
 
 def test_disable_hybrid_kv_cache_manager_promotes_sliding_layers() -> None:
     f = facts(GEMMA3_12B)
-    layout = cap.kv_layout(f, knobs({"DISABLE_HYBRID_KV_CACHE_MANAGER": "true"}))
+    layout = kv_cache.kv_layout(f, knobs({"DISABLE_HYBRID_KV_CACHE_MANAGER": "true"}))
     assert len(layout.groups) == 1 and layout.groups[0].window is None and layout.groups[0].layers == 48
 
 
@@ -239,7 +241,7 @@ def test_gemma2_default_layer_types_alternate() -> None:
 def test_falcon_multi_query_has_one_kv_head() -> None:
     f = facts(FALCON_7B)
     assert f.num_kv_heads == 1 and f.head_dim == 4544 // 71
-    assert cap.kv_bytes_per_token(f) == 2 * 1 * 64 * 2 * 32
+    assert kv_cache.kv_bytes_per_token(f) == 2 * 1 * 64 * 2 * 32
     assert f.max_context == 2048  # no length key: vLLM's default
 
 
@@ -253,11 +255,11 @@ def test_rope_scaling_factor_and_longrope() -> None:
 
 def test_kv_cache_dtype_bytes() -> None:
     f = facts(LLAMA_31_8B)
-    assert cap.kv_bytes_per_token(f, kv_cache_dtype="fp8") == 65536
-    assert cap.kv_bytes_per_token(f, kv_cache_dtype="fp8_e5m2") == 65536
-    assert cap.kv_bytes_per_token(f, dtype="float32") == 262144  # auto follows an explicit float32 model dtype
+    assert kv_cache.kv_bytes_per_token(f, kv_cache_dtype="fp8") == 65536
+    assert kv_cache.kv_bytes_per_token(f, kv_cache_dtype="fp8_e5m2") == 65536
+    assert kv_cache.kv_bytes_per_token(f, dtype="float32") == 262144  # auto follows an explicit float32 model dtype
     with pytest.raises(cap.CapacityError, match="KV_CACHE_DTYPE='nvfp4' is not modeled"):
-        cap.kv_bytes_per_token(f, kv_cache_dtype="nvfp4")
+        kv_cache.kv_bytes_per_token(f, kv_cache_dtype="nvfp4")
 
 
 def test_checkpoint_kv_scheme_makes_auto_fp8() -> None:
@@ -265,22 +267,22 @@ def test_checkpoint_kv_scheme_makes_auto_fp8() -> None:
                                                      "kv_cache_scheme": {"num_bits": 8, "type": "float"}}}
     f = facts(config)
     assert f.kv_cache_scheme == "fp8" and f.quant_method == "compressed-tensors"
-    assert cap.kv_bytes_per_token(f) == 65536
-    assert cap.kv_bytes_per_token(f, kv_cache_dtype="bfloat16") == 131072
+    assert kv_cache.kv_bytes_per_token(f) == 65536
+    assert kv_cache.kv_bytes_per_token(f, kv_cache_dtype="bfloat16") == 131072
 
 
 # --- weights -------------------------------------------------------------------------------
 
 
 def test_weights_of_a_bf16_checkpoint() -> None:
-    weights, source = cap.weights_bytes(facts(LLAMA_31_8B, LLAMA_31_8B_PARAMS), knobs())
+    weights, source = memory_budget.weights_bytes(facts(LLAMA_31_8B, LLAMA_31_8B_PARAMS), knobs())
     assert weights == 8030261248 * 2 and source == "safetensors"
 
 
 def test_float32_checkpoint_is_loaded_in_16_bits_unless_dtype_float32() -> None:
     f = facts({**LLAMA_31_8B, "torch_dtype": "float32"}, {"F32": 1_000_000})
-    assert cap.weights_bytes(f, knobs())[0] == 2_000_000  # auto downcasts float32 to bfloat16
-    assert cap.weights_bytes(f, knobs({"DTYPE": "float32"}))[0] == 4_000_000
+    assert memory_budget.weights_bytes(f, knobs())[0] == 2_000_000  # auto downcasts float32 to bfloat16
+    assert memory_budget.weights_bytes(f, knobs({"DTYPE": "float32"}))[0] == 4_000_000
 
 
 @pytest.mark.parametrize(
@@ -295,20 +297,20 @@ def test_float32_checkpoint_is_loaded_in_16_bits_unless_dtype_float32() -> None:
 def test_quantized_checkpoints_keep_their_storage(method: str, counts: dict[str, int], expected: int) -> None:
     f = facts({**LLAMA_31_8B, "quantization_config": {"quant_method": method}}, counts)
     assert f.quant_method == method
-    assert cap.weights_bytes(f, knobs())[0] == expected
+    assert memory_budget.weights_bytes(f, knobs())[0] == expected
 
 
 def test_deepseek_fp8_weights_per_gpu() -> None:
     f = facts(DEEPSEEK_V3, DEEPSEEK_V3_PARAMS)
     total = 680_000_000_000 + 2 * 3_900_000_000 + 4 * 41_000_000
-    assert cap.weights_bytes(f, knobs())[0] == total
+    assert memory_budget.weights_bytes(f, knobs())[0] == total
     p = cap.plan(f, find_card("H200").total_bytes, knobs({"TENSOR_PARALLEL_SIZE": "8", "MAX_MODEL_LEN": "32768"}))
     assert p.weights_bytes == total // 8 and p.gpus == 8
 
 
 def test_weights_estimated_from_config_without_counts() -> None:
     f = facts(LLAMA_31_8B)
-    weights, source = cap.weights_bytes(f, knobs())
+    weights, source = memory_budget.weights_bytes(f, knobs())
     assert source == "estimated from config.json"
     assert abs(weights / 2 - 8030261248) / 8030261248 < 0.01  # the shape formula is within 1% for Llama
 
@@ -321,7 +323,7 @@ def write_safetensors(path: Path, tensors: dict[str, tuple[str, list[int]]]) -> 
     header: dict[str, object] = {"__metadata__": {"format": "pt"}}
     offset = 0
     for name, (dtype, shape) in tensors.items():
-        size = cap.DTYPE_BITS[dtype] // 8
+        size = model_facts.DTYPE_BITS[dtype] // 8
         for d in shape:
             size *= d
         header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + size]}
@@ -352,7 +354,7 @@ def test_unsupported_cache_layers_are_not_modeled() -> None:
     f = facts({**LLAMA_31_8B, "model_type": "qwen3_next"})
     assert f.not_modeled
     with pytest.raises(cap.CapacityError, match="does not model"):
-        cap.kv_layout(f, knobs())
+        kv_cache.kv_layout(f, knobs())
     layered = facts({**LLAMA_31_8B, "num_hidden_layers": 2, "layer_types": ["linear_attention", "full_attention"]})
     assert layered.not_modeled == "layer type 'linear_attention' is not modeled"
 
@@ -361,14 +363,14 @@ def test_unsupported_cache_layers_are_not_modeled() -> None:
 
 
 def test_sizes_and_human_readable_integers() -> None:
-    assert cap.parse_size("24GiB") == 24 * GiB
-    assert cap.parse_size("24G") == 24 * GiB
-    assert cap.parse_size("80GB") == 80 * 10**9
-    assert cap.parse_size("1000") == 1000
+    assert plan_settings.parse_size("24GiB") == 24 * GiB
+    assert plan_settings.parse_size("24G") == 24 * GiB
+    assert plan_settings.parse_size("80GB") == 80 * 10**9
+    assert plan_settings.parse_size("1000") == 1000
     with pytest.raises(cap.CapacityError):
-        cap.parse_size("lots")
-    assert cap.parse_human_int("8k") == 8000 and cap.parse_human_int("8K") == 8192
-    assert cap.parse_human_int("1G") == GiB and cap.parse_human_int("25.6k") == 25600
+        plan_settings.parse_size("lots")
+    assert parse_human_int("8k") == 8000 and parse_human_int("8K") == 8192
+    assert parse_human_int("1G") == GiB and parse_human_int("25.6k") == 25600
 
 
 def test_knobs_from_env_with_extra_args() -> None:
@@ -387,27 +389,27 @@ def test_knobs_from_env_with_extra_args() -> None:
 
 def test_batch_defaults_follow_the_card() -> None:
     f = facts(LLAMA_31_8B)
-    assert cap.resolved_batch(f, knobs(), 24 * GiB, 8192) == (256, 2048)
-    assert cap.resolved_batch(f, knobs(), 79 * GiB, 8192) == (1024, 8192)
-    assert cap.resolved_batch(f, knobs(device_name="A100 80GB"), 79 * GiB, 8192) == (256, 2048)
-    assert cap.resolved_batch(f, knobs(), 180 * GiB, 8192) == (1024, 16384)
-    assert cap.resolved_batch(f, knobs({"MAX_NUM_SEQS": "8"}), 24 * GiB, 100) == (8, 800)  # seqs x max_model_len
-    assert cap.resolved_batch(f, knobs(platform="cpu"), None, 8192) == (128, 2048)
+    assert memory_budget.resolved_batch(f, knobs(), 24 * GiB, 8192) == (256, 2048)
+    assert memory_budget.resolved_batch(f, knobs(), 79 * GiB, 8192) == (1024, 8192)
+    assert memory_budget.resolved_batch(f, knobs(device_name="A100 80GB"), 79 * GiB, 8192) == (256, 2048)
+    assert memory_budget.resolved_batch(f, knobs(), 180 * GiB, 8192) == (1024, 16384)
+    assert memory_budget.resolved_batch(f, knobs({"MAX_NUM_SEQS": "8"}), 24 * GiB, 100) == (8, 800)  # seqs x max_model_len
+    assert memory_budget.resolved_batch(f, knobs(platform="cpu"), None, 8192) == (128, 2048)
 
 
 def test_cuda_graph_capture_sizes() -> None:
-    assert cap.capture_sizes(32, 2048) == [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64]
-    sizes = cap.capture_sizes(256, 8192)
+    assert memory_budget.capture_sizes(32, 2048) == [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64]
+    sizes = memory_budget.capture_sizes(256, 8192)
     assert len(sizes) == 3 + 31 + 17 and sizes[-1] == 512
-    assert cap.capture_sizes(8, 48) == [1, 2, 4, 8, 16]
-    assert cap.capture_sizes(64, 100) == [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96, 100]
+    assert memory_budget.capture_sizes(8, 48) == [1, 2, 4, 8, 16]
+    assert memory_budget.capture_sizes(64, 100) == [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96, 100]
 
 
 def test_eager_and_cpu_have_no_graph_memory() -> None:
     f = facts(LLAMA_31_8B)
-    assert cap.cudagraph_bytes(f, knobs({"ENFORCE_EAGER": "true"}), 32, 2048) == (0, 0)
-    assert cap.cudagraph_bytes(f, knobs(platform="cpu"), 32, 2048) == (0, 0)
-    estimate, graphs = cap.cudagraph_bytes(f, knobs(), 32, 2048)
+    assert memory_budget.cudagraph_bytes(f, knobs({"ENFORCE_EAGER": "true"}), 32, 2048) == (0, 0)
+    assert memory_budget.cudagraph_bytes(f, knobs(platform="cpu"), 32, 2048) == (0, 0)
+    estimate, graphs = memory_budget.cudagraph_bytes(f, knobs(), 32, 2048)
     assert graphs == 11 + 7  # PIECEWISE for every size, FULL for sizes <= MAX_NUM_SEQS
     assert 0 < estimate < 1 * GiB
 
@@ -464,31 +466,31 @@ def test_gpu_terms_follow_vllm_032s_profile_run() -> None:
     f = facts(LLAMA_31_8B, LLAMA_31_8B_PARAMS)
     k = knobs({"MAX_MODEL_LEN": "8192"}, max_concurrency=30)  # MAX_NUM_SEQS=32, 2048 batched tokens (< 70 GiB)
     # Forward pass: gate_up + SiluAndMul (3 x 14336) and four hidden-sized tensors per token, in bf16.
-    assert cap.forward_bytes_per_token(f, k) == (3 * 14336 + 4 * 4096) * 2
+    assert memory_budget.forward_bytes_per_token(f, k) == (3 * 14336 + 4 * 4096) * 2
     # V2 runner: the sampler warm-up samples from 32 rows of float32 logits; the forward pass is the peak.
-    assert cap.sampler_bytes(f, k, 32, 2048) == 32 * 128256 * 4
-    assert cap.activation_bytes(f, k, 32, 2048) == 2048 * (3 * 14336 + 4 * 4096) * 2
+    assert memory_budget.sampler_bytes(f, k, 32, 2048) == 32 * 128256 * 4
+    assert memory_budget.activation_bytes(f, k, 32, 2048) == 2048 * (3 * 14336 + 4 * 4096) * 2
     # CUDA graphs: 11 PIECEWISE sizes up to 64 and 7 FULL ones up to 32, 138,000 bytes per graph and
     # layer, plus the largest size's activations.
-    graphs, count = cap.cudagraph_bytes(f, k, 32, 2048)
+    graphs, count = memory_budget.cudagraph_bytes(f, k, 32, 2048)
     assert count == 18 and graphs == int(64 * (3 * 14336 + 4 * 4096) * 2 + 138_000 * 32 * 18)
     # A cold compile: 4.5 x layers x hidden x batched tokens x 2 bytes, held at 28 x 3584 and 2048 tokens.
-    assert cap.compile_bytes(f, k, 2048) == int(4.5 * (28 * 3584) * 2048 * 2)  # 32 x 4096 is larger: held
+    assert memory_budget.compile_bytes(f, k, 2048) == int(4.5 * (28 * 3584) * 2048 * 2)  # 32 x 4096 is larger: held
     small = facts({**LLAMA_31_8B, "num_hidden_layers": 4})
-    assert cap.compile_bytes(small, k, 1024) == int(4.5 * 4 * 4096 * 1024 * 2)
-    assert cap.compile_bytes(f, replace(k, enforce_eager=True), 2048) == 0
-    assert cap.non_torch_bytes(k) == 512 * MiB
+    assert memory_budget.compile_bytes(small, k, 1024) == int(4.5 * 4 * 4096 * 1024 * 2)
+    assert memory_budget.compile_bytes(f, replace(k, enforce_eager=True), 2048) == 0
+    assert memory_budget.non_torch_bytes(k) == 512 * MiB
 
 
 def test_older_vllm_versions_budget_differently() -> None:
-    v032 = cap.budgeting_for("0.32.0")
-    assert v032 == replace(cap.VLLM_032, version="0.32.0") and v032.graphs_in_budget and v032.runner == "v2"
-    old = cap.budgeting_for("0.10.1.1")
+    v032 = budget_versions.budgeting_for("0.32.0")
+    assert v032 == replace(budget_versions.VLLM_032, version="0.32.0") and v032.graphs_in_budget and v032.runner == "v2"
+    old = budget_versions.budgeting_for("0.10.1.1")
     assert (old.runner, old.graphs_in_budget, old.cold_compile_factor, old.reports_capacity) == ("v1", False, 0.0, False)
-    assert old.sampler_bytes_per_logit > cap.budgeting_for("0.10.1.1", flashinfer_sampler=True).sampler_bytes_per_logit
-    assert cap.budgeting_for("0.19.1").sampler_bytes_per_logit < old.sampler_bytes_per_logit
+    assert old.sampler_bytes_per_logit > budget_versions.budgeting_for("0.10.1.1", flashinfer_sampler=True).sampler_bytes_per_logit
+    assert budget_versions.budgeting_for("0.19.1").sampler_bytes_per_logit < old.sampler_bytes_per_logit
     with pytest.raises(ValueError):
-        cap.budgeting_for("unknown")
+        budget_versions.budgeting_for("unknown")
     f = facts(LLAMA_31_8B, LLAMA_31_8B_PARAMS)
     env = {"MAX_MODEL_LEN": "8192", "MAX_NUM_SEQS": "1024", "MAX_NUM_BATCHED_TOKENS": "8192"}
     new = cap.plan(f, H100, knobs(env))
@@ -514,7 +516,7 @@ def test_one_longest_context_with_its_band_and_a_verdict_inside_it() -> None:
     assert verdict(low) == "fits"
     assert verdict((central + high) // 2) == "too_close_to_call"
     assert verdict(high + 4096) == "does_not_fit"
-    table = cap.render_table(cap.plan(f, RTX_4090, knobs({"MAX_MODEL_LEN": str(central)}, max_concurrency=30)), f,
+    table = plan_report.render_table(cap.plan(f, RTX_4090, knobs({"MAX_MODEL_LEN": str(central)}, max_concurrency=30)), f,
                              "RTX 4090", 30)
     assert "too close to call" in table
 
@@ -524,7 +526,7 @@ def test_utilization_beyond_the_free_memory_is_a_problem() -> None:
     p = cap.plan(f, RTX_4090, knobs({"GPU_MEMORY_UTILIZATION": "0.999", "MAX_MODEL_LEN": "4096"}))
     assert p.verdict == "does_not_fit" and "once CUDA is initialised" in p.problems[0]
     assert str(p.changes[0]) == "set GPU_MEMORY_UTILIZATION=0.95 (leaves room for the CUDA context; now 0.999)"
-    d = cap.fit_profile(f, RTX_4090, {"MODEL_NAME": "m", "GPU_MEMORY_UTILIZATION": "0.999", "MAX_MODEL_LEN": "4096"}, 30)
+    d = at_boot.fit_profile(f, RTX_4090, {"MODEL_NAME": "m", "GPU_MEMORY_UTILIZATION": "0.999", "MAX_MODEL_LEN": "4096"}, 30)
     assert d.status == "cannot_fit" and "set GPU_MEMORY_UTILIZATION=0.95" in (d.fatal_message or "")
     # Within the estimate's error, vLLM may well start: no verdict from the plan.
     assert cap.plan(f, RTX_4090, knobs({"GPU_MEMORY_UTILIZATION": "0.985", "MAX_MODEL_LEN": "4096"})).problems == ()
@@ -549,13 +551,13 @@ def test_auto_max_model_len_fits_the_memory() -> None:
 
 def test_fits_as_configured() -> None:
     f = facts(LLAMA_31_8B, LLAMA_31_8B_PARAMS)
-    d = cap.fit_profile(f, RTX_4090, {"MODEL_NAME": "m", "MAX_MODEL_LEN": "8192"}, 30)
+    d = at_boot.fit_profile(f, RTX_4090, {"MODEL_NAME": "m", "MAX_MODEL_LEN": "8192"}, 30)
     assert (d.status, d.overrides, d.fatal_message, d.relaunch) == ("as_configured", {}, None, None)
 
 
 def test_unset_context_that_does_not_fit_launches_with_auto() -> None:
     f = facts(LLAMA_31_8B, LLAMA_31_8B_PARAMS)
-    d = cap.fit_profile(f, RTX_4090, {"MODEL_NAME": "m"}, 30)
+    d = at_boot.fit_profile(f, RTX_4090, {"MODEL_NAME": "m"}, 30)
     assert d.status == "profile" and d.relaunch.profile == "context_auto"
     assert d.overrides == {"MAX_MODEL_LEN": "auto"}
     assert "MAX_MODEL_LEN is not set" in d.warnings[0]
@@ -564,7 +566,7 @@ def test_unset_context_that_does_not_fit_launches_with_auto() -> None:
 
 def test_explicit_context_is_never_lowered() -> None:
     f = facts(LLAMA_31_8B, LLAMA_31_8B_PARAMS)
-    d = cap.fit_profile(f, RTX_4090, {"MODEL_NAME": "m", "MAX_MODEL_LEN": "131072"}, 30)
+    d = at_boot.fit_profile(f, RTX_4090, {"MODEL_NAME": "m", "MAX_MODEL_LEN": "131072"}, 30)
     assert d.status == "cannot_fit" and d.overrides == {}
     message = d.fatal_message or ""
     assert message.startswith("MODEL_NAME='org/model' does not fit on this 23.5 GiB GPU at MAX_MODEL_LEN=131072")
@@ -574,7 +576,7 @@ def test_explicit_context_is_never_lowered() -> None:
 
 def test_weights_alone_exceed_the_card() -> None:
     f = facts(LLAMA_31_70B, LLAMA_31_70B_PARAMS)
-    d = cap.fit_profile(f, RTX_4090, {"MODEL_NAME": "m"}, 30)
+    d = at_boot.fit_profile(f, RTX_4090, {"MODEL_NAME": "m"}, 30)
     assert d.status == "cannot_fit"
     message = d.fatal_message or ""
     assert "its weights alone take 131.4 GiB per GPU of the 21.6 GiB vLLM may use" in message
@@ -591,14 +593,14 @@ def _big_vocab_model() -> cap.ModelFacts:
 def _context_beyond(f: cap.ModelFacts, total: int, loose: dict[str, str]) -> int:
     """A MAX_MODEL_LEN just past what `loose` holds even with its error margin (scenario set-up)."""
     a = cap.plan(f, total, knobs(loose, max_concurrency=30))
-    return (a.kv_cache_bytes + a.margin_bytes) // cap.kv_bytes_per_token(f) + 256
+    return (a.kv_cache_bytes + a.margin_bytes) // kv_cache.kv_bytes_per_token(f) + 256
 
 
 def test_explicit_max_num_seqs_is_lowered_loudly() -> None:
     f = _big_vocab_model()
     length = _context_beyond(f, RTX_4090, {"MAX_NUM_SEQS": "256"})
     env = {"MODEL_NAME": "m", "MAX_NUM_SEQS": "256", "MAX_MODEL_LEN": str(length)}
-    d = cap.fit_profile(f, RTX_4090, env, 30)
+    d = at_boot.fit_profile(f, RTX_4090, env, 30)
     assert d.configured is not None and d.configured.verdict == "does_not_fit"
     assert d.status == "profile" and d.relaunch.profile == "max_num_seqs=32"
     assert d.overrides == {"MAX_NUM_SEQS": "32"}
@@ -611,7 +613,7 @@ def test_explicit_eager_false_is_overridden_with_the_ladder_warning() -> None:
     loose = {"ENFORCE_EAGER": "false", "MAX_NUM_BATCHED_TOKENS": "8192", "VLLM_EXTRA_ARGS": "--max-num-seqs 256"}
     length = _context_beyond(f, H100, loose)
     env = {"MODEL_NAME": "m", "MAX_MODEL_LEN": str(length), **loose}
-    d = cap.fit_profile(f, H100, env, 30)
+    d = at_boot.fit_profile(f, H100, env, 30)
     assert d.configured is not None and d.configured.verdict == "does_not_fit"
     assert d.status == "profile" and d.relaunch.profile == "eager"
     assert d.overrides == {"ENFORCE_EAGER": "true"}
@@ -777,7 +779,7 @@ def test_card_lookup() -> None:
 def test_render_table_names_the_smallest_change() -> None:
     f = facts(LLAMA_31_8B, LLAMA_31_8B_PARAMS)
     p = cap.plan(f, RTX_4090, knobs({}, max_concurrency=30), max_concurrency=30)
-    table = cap.render_table(p, f, "RTX 4090", 30)
+    table = plan_report.render_table(p, f, "RTX 4090", 30)
     assert "DOES NOT FIT" in table
     assert "smallest change  --max-model-len" in table
     lines = dict(line.split("  ", 1) for line in table.splitlines() if "  " in line)

@@ -31,7 +31,8 @@ from pathlib import Path
 import pytest
 
 from vllm_worker import capacity as cap
-from vllm_worker.gpus import find_card
+from vllm_worker.capacity import budget_versions
+from vllm_worker.capacity.gpus import find_card
 
 BOOTS_DIR = Path(__file__).resolve().parents[1] / "field" / "boots"
 GiB = cap.GiB
@@ -191,7 +192,7 @@ def predict(boot_id: str, row: dict[str, str]) -> Result:
     knobs = replace(
         knobs,
         compile_cache=boot.compile_cache,
-        budgeting=cap.budgeting_for(row["vllm_version"], flashinfer_sampler=boot.flashinfer_sampler),
+        budgeting=budget_versions.budgeting_for(row["vllm_version"], flashinfer_sampler=boot.flashinfer_sampler),
     )
     weights = engine.weights_bytes if boot.weights == "logged" else None
     predicted = cap.plan(facts, total, knobs, with_changes=False, weights_bytes_per_gpu=weights)

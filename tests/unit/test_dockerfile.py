@@ -18,9 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from vllm_worker import model_cache
+from vllm_worker.model import cache as model_cache
 
-from vllm_worker import settings, versions
+from vllm_worker.config import settings
+
+from vllm_worker.config import versions
 from tests.support.dockerfile import instructions
 
 ROOT = Path(__file__).resolve().parents[2]

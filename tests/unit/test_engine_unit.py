@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 from tests.support.engine_env import free_port
-from vllm_worker.engine import Engine, health_url
+from vllm_worker.engine.process import Engine, health_url
 
 PY = sys.executable
 # Functional deadlines, not timings: each is far above what the child needs and is only

@@ -25,8 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from vllm_worker import startup_errors
-from vllm_worker.startup_errors import explain, memory_shortfall
+from vllm_worker.diagnosis import startup_errors
+from vllm_worker.diagnosis.startup_errors import explain, memory_shortfall
 
 CORPUS = Path(__file__).resolve().parents[1] / "field" / "startup_failures"
 THRESHOLD = 0.95

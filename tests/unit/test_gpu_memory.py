@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from vllm_worker import gpu_memory as gm
-from vllm_worker.gpu_memory import (
+from vllm_worker.engine import gpu_memory as gm
+from vllm_worker.engine.gpu_memory import (
     DEFAULT_GPU_MEMORY_UTILIZATION,
     GiB,
     MiB,

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from vllm_worker.handler import (
+from vllm_worker.serving.handler import (
     ALLOWED_ROUTES,
     EngineRequest,
     InputError,
@@ -21,7 +21,7 @@ from vllm_worker.handler import (
     timeout_sentence,
     unreachable_sentence,
 )
-from vllm_worker.job_input import (
+from vllm_worker.serving.job_input import (
     AUDIO_ROUTES,
     CHAT_KEYS,
     CLOSED_ROUTES,

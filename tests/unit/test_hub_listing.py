@@ -24,7 +24,11 @@ from typing import Any
 
 import pytest
 
-from vllm_worker import args_builder, handler, settings
+from vllm_worker.config import args_builder
+
+from vllm_worker.serving import handler
+
+from vllm_worker.config import settings
 
 ROOT = Path(__file__).resolve().parents[2]
 HUB = ROOT / ".runpod" / "hub.json"
@@ -66,7 +70,7 @@ def same_default(a: Any, b: Any) -> bool:
 def worker_string_constants() -> set[str]:
     """Every string literal in the worker's source: a variable the worker reads is spelled there."""
     found: set[str] = set()
-    for path in (ROOT / "src" / "vllm_worker").glob("*.py"):
+    for path in (ROOT / "src" / "vllm_worker").rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Constant) and isinstance(node.value, str):
                 found.add(node.value)

@@ -15,8 +15,8 @@ import pytest
 from huggingface_hub.errors import HFValidationError, OfflineModeIsEnabled
 from huggingface_hub.utils import hf_raise_for_status
 
-from vllm_worker import startup_errors
-from vllm_worker.preflight import (
+from vllm_worker.diagnosis import startup_errors
+from vllm_worker.model.preflight import (
     GATED_REPO,
     REPO_NOT_FOUND,
     REVISION_NOT_FOUND,
@@ -244,7 +244,7 @@ def test_a_missing_revision_nobody_asked_for_has_no_message() -> None:
 
 
 def test_missing_local_path_is_answered_with_the_post_crash_sentence() -> None:
-    from vllm_worker import preflight
+    from vllm_worker.model import preflight
 
     # What the real CPU engine printed for this path (tests/support/real_texts/README.md).
     real = (Path(__file__).parents[1] / "support" / "real_texts" / "missing_local_path.txt").read_text()
@@ -257,7 +257,7 @@ def test_missing_local_path_is_answered_with_the_post_crash_sentence() -> None:
 
 
 def test_existing_local_path_and_hub_ids_are_not_missing(tmp_path: Path) -> None:
-    from vllm_worker import preflight
+    from vllm_worker.model import preflight
 
     assert preflight.missing_local_path({"MODEL_NAME": str(tmp_path)}) is None
     assert preflight.missing_local_path({"MODEL_NAME": "org/model"}) is None

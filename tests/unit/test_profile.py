@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from vllm_worker.profile import LaunchProfile
+from vllm_worker.config.profile import LaunchProfile
 
 
 def test_numbers_booleans_and_zero_meaning_unset() -> None:

@@ -14,8 +14,8 @@ from typing import Mapping, Sequence
 import pytest
 
 from tests.support import vllm_texts as t
-from vllm_worker.recovery import MAX_LAUNCHES, Attempt, Relaunch, Stop, next_launch
-from vllm_worker.startup_errors import classify, diagnose
+from vllm_worker.engine.ladder import MAX_LAUNCHES, Attempt, Relaunch, Stop, next_launch
+from vllm_worker.diagnosis.startup_errors import classify, diagnose
 
 MODEL = "acme/m"
 OOM = t.KV_TOO_SMALL_WITH_ESTIMATE
@@ -400,8 +400,8 @@ def test_a_missing_model_is_never_relaunched(case: str, model: str) -> None:
 
 
 def test_after_an_oom_death_the_ladder_goes_seqs_then_eager_then_nothing_left() -> None:
-    from vllm_worker import recovery
-    from vllm_worker.profile import apply_overrides
+    from vllm_worker.engine import ladder as recovery
+    from vllm_worker.config.profile import apply_overrides
 
     base = {**BASE, "MAX_NUM_SEQS": "64"}
     first = recovery.next_after_death(base, base, 30)
@@ -414,7 +414,7 @@ def test_after_an_oom_death_the_ladder_goes_seqs_then_eager_then_nothing_left() 
 
 def test_after_an_oom_death_a_step_startup_took_is_not_taken_again() -> None:
     # Started on the eager profile already (the startup ladder or the capacity plan chose it).
-    from vllm_worker import recovery
+    from vllm_worker.engine import ladder as recovery
 
     serving = {**BASE, "MAX_NUM_SEQS": "32", "ENFORCE_EAGER": "true"}
     assert recovery.next_after_death(BASE, serving, 30) is None

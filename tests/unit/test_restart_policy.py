@@ -13,8 +13,8 @@ import pytest
 from tests.support import vllm_texts as t
 from tests.support.vllm_texts import vllm_log
 from vllm_worker import main
-from vllm_worker.recovery import MAX_RESTARTS, RESTART_WINDOW_S, restart_allowed, restart_budget_phrase
-from vllm_worker.startup_errors import ENGINE_DEAD_TEXT, RUNTIME_KINDS, SERVING_MARKER, runtime_failure
+from vllm_worker.engine.ladder import MAX_RESTARTS, RESTART_WINDOW_S, restart_allowed, restart_budget_phrase
+from vllm_worker.diagnosis.startup_errors import ENGINE_DEAD_TEXT, RUNTIME_KINDS, SERVING_MARKER, runtime_failure
 
 # --- the budget ------------------------------------------------------------------------
 
@@ -105,7 +105,7 @@ CPU_OOM_SERVING = died_serving(
 
 
 def test_runtime_kinds_are_not_startup_kinds() -> None:
-    from vllm_worker.startup_errors import KINDS
+    from vllm_worker.diagnosis.startup_errors import KINDS
 
     assert set(RUNTIME_KINDS) == {"runtime_oom", "engine_died", "engine_hung"}
     assert not set(RUNTIME_KINDS) & set(KINDS)

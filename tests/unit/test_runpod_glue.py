@@ -15,7 +15,7 @@ from typing import Any, AsyncGenerator
 import pytest
 from runpod.serverless.modules import rp_job, rp_scale
 
-from vllm_worker import runpod_glue
+from vllm_worker.serving import platform as runpod_glue
 
 JOB = {"input": {"prompt": "Hi"}}
 

@@ -2,8 +2,8 @@
 
 import pytest
 
-from vllm_worker import settings
-from vllm_worker.settings import SettingsError, load, multiple_of_8_at_least
+from vllm_worker.config import settings
+from vllm_worker.config.settings import SettingsError, load, multiple_of_8_at_least
 
 
 def test_defaults() -> None:

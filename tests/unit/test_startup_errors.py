@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from tests.support import vllm_texts as t
-from vllm_worker import startup_errors
-from vllm_worker.preflight import GATED_REPO, REPO_NOT_FOUND, REVISION_NOT_FOUND, UNAUTHORIZED, Target, failure_message
-from vllm_worker.startup_errors import KINDS, classify, diagnose, memory_held, memory_shortfall
+from vllm_worker.diagnosis import startup_errors
+from vllm_worker.model.preflight import GATED_REPO, REPO_NOT_FOUND, REVISION_NOT_FOUND, UNAUTHORIZED, Target, failure_message
+from vllm_worker.diagnosis.startup_errors import KINDS, classify, diagnose, memory_held, memory_shortfall
 
 MODEL = "acme/m"
 
@@ -733,14 +733,14 @@ def test_wrapped_and_retyped_lines_still_name_the_cause() -> None:
 
 
 def test_a_match_only_in_the_next_line_belongs_to_that_line() -> None:
-    from vllm_worker.failure_rules import clean_lines, find_hits
+    from vllm_worker.diagnosis.rules import clean_lines, find_hits
 
     lines = clean_lines("x" * 50 + "\nNo available memory for the cache blocks")
     assert [hit.index for hit in find_hits(lines)] == [1]
 
 
 def test_the_root_error_is_the_innermost_of_the_last_chain_without_wrappers() -> None:
-    from vllm_worker.failure_rules import clean_lines, root_error
+    from vllm_worker.diagnosis.rules import clean_lines, root_error
 
     text = "\n".join(
         [

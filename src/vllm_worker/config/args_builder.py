@@ -3,7 +3,7 @@
 Users configure vLLM only through environment variables, so every `vllm serve` option
 of vLLM 0.32 is settable by the UPPER_SNAKE form of its name (MAX_NUM_SEQS ->
 --max-num-seqs). What the options are, how each is spelled on a command line (its
-*kind*) and which values each takes come from src/vllm_worker/vllm_flags.json, which
+*kind*) and which values each takes come from src/vllm_worker/config/vllm_flags.json, which
 scripts/gen_flag_table.py reads from vLLM's own parser; tests/engine/test_flag_table.py
 fails when the installed vLLM no longer matches it.
 
@@ -44,8 +44,8 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any, Iterable, Literal, Mapping, Sequence
 
-from vllm_worker import flag_messages
-from vllm_worker.settings import DOCUMENTED, Settings, multiple_of_8_at_least
+from vllm_worker.config import flag_messages
+from vllm_worker.config.settings import DOCUMENTED, Settings, multiple_of_8_at_least
 
 Kind = Literal["value", "optional_value", "list", "append", "pair", "store_true", "removed"]
 # value:      `--flag VALUE` (optional_value: the same; vLLM also takes the bare flag)
@@ -61,7 +61,7 @@ TABLE_FILE = "vllm_flags.json"
 
 def load_table() -> dict[str, Any]:
     """vLLM 0.32's `vllm serve` options as scripts/gen_flag_table.py wrote them (package data)."""
-    text = resources.files("vllm_worker").joinpath(TABLE_FILE).read_text(encoding="utf-8")
+    text = resources.files("vllm_worker.config").joinpath(TABLE_FILE).read_text(encoding="utf-8")
     return json.loads(text)
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from typing import Sequence
 
-from vllm_worker.diagnosis import (
+from vllm_worker.diagnosis.verdict import (
     CPU_KV_SPACE,
     DEFAULT_GPU_MEMORY_UTILIZATION,
     EAGER_MAX_BATCHED_TOKENS,
@@ -28,7 +28,7 @@ from vllm_worker.diagnosis import (
     gib,
     size_text,
 )
-from vllm_worker.settings import multiple_of_8_at_least
+from vllm_worker.config.settings import multiple_of_8_at_least
 
 # --- memory shortfall -------------------------------------------------------------
 

@@ -16,12 +16,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
 
-from vllm_worker.gpus import find_card
-from vllm_worker.kv_cache import kv_dtype_bytes
-from vllm_worker.memory_budget import VERDICT_TEXT, Plan, fmt_gib, fmt_tokens, plan
-from vllm_worker.model_facts import GiB, CapacityError, ModelFacts, facts_from_cache, facts_from_folder, facts_from_hub
-from vllm_worker.plan_settings import DEFAULT_UTILIZATION, knobs_from_env, parse_size
-from vllm_worker.preflight import Target, classify_hub_error, failure_message
+from vllm_worker.capacity.gpus import find_card
+from vllm_worker.capacity.kv_cache import kv_dtype_bytes
+from vllm_worker.capacity.memory_budget import VERDICT_TEXT, Plan, fmt_gib, fmt_tokens, plan
+from vllm_worker.capacity.model_facts import GiB, CapacityError, ModelFacts, facts_from_cache, facts_from_folder, facts_from_hub
+from vllm_worker.capacity.plan_settings import DEFAULT_UTILIZATION, knobs_from_env, parse_size
+from vllm_worker.model.preflight import Target, classify_hub_error, failure_message
 
 CLI_DEFAULT_GPU_BYTES = 24 * GiB
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from vllm_worker.model_facts import TORCH_DTYPE_BYTES, CapacityError, ModelFacts
-from vllm_worker.plan_settings import Knobs
+from vllm_worker.capacity.model_facts import TORCH_DTYPE_BYTES, CapacityError, ModelFacts
+from vllm_worker.capacity.plan_settings import Knobs
 
 GPU_BLOCK_SIZE = 16  # config/cache.py CacheConfig.DEFAULT_BLOCK_SIZE; FlashAttention keeps it (flash_attn.py)
 GPU_MLA_BLOCK_SIZE = 64  # v1/attention/backends/mla/flashmla.py get_supported_kernel_block_sizes (Hopper MLA)

@@ -10,9 +10,11 @@ from __future__ import annotations
 import re
 from typing import Mapping
 
-from vllm_worker import args_builder, flag_messages
-from vllm_worker.diagnosis import Context, Diagnosis, compose, env_value, evidence_of
-from vllm_worker.failure_rules import Hit
+from vllm_worker.config import args_builder
+
+from vllm_worker.config import flag_messages
+from vllm_worker.diagnosis.verdict import Context, Diagnosis, compose, env_value, evidence_of
+from vllm_worker.diagnosis.rules import Hit
 
 
 # --- MAX_MODEL_LEN ----------------------------------------------------------------------

@@ -15,12 +15,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
 
-from vllm_worker import recovery
-from vllm_worker.diagnosis import Diagnosis
-from vllm_worker.gpus import CARDS
-from vllm_worker.kv_cache import kv_bytes_per_token
-from vllm_worker.memory_budget import MIN_USEFUL_CONTEXT, Plan, fmt_gib, fmt_tokens, plan, weights_bytes
-from vllm_worker.model_facts import (
+from vllm_worker.engine import ladder
+from vllm_worker.diagnosis.verdict import Diagnosis
+from vllm_worker.capacity.gpus import CARDS
+from vllm_worker.capacity.kv_cache import kv_bytes_per_token
+from vllm_worker.capacity.memory_budget import MIN_USEFUL_CONTEXT, Plan, fmt_gib, fmt_tokens, plan, weights_bytes
+from vllm_worker.capacity.model_facts import (
     GiB,
     CapacityError,
     ModelFacts,
@@ -29,9 +29,9 @@ from vllm_worker.model_facts import (
     facts_from_folder,
     facts_from_hub,
 )
-from vllm_worker.plan_report import summary_line
-from vllm_worker.plan_settings import cpu_has_amx, effective_env, env_value, knobs_from_env
-from vllm_worker.profile import apply_overrides
+from vllm_worker.capacity.plan_report import summary_line
+from vllm_worker.capacity.plan_settings import cpu_has_amx, effective_env, env_value, knobs_from_env
+from vllm_worker.config.profile import apply_overrides
 
 
 @dataclass
@@ -40,7 +40,7 @@ class FitDecision:
 
     status: str  # "as_configured" | "profile" | "cannot_fit" | "unknown"
     overrides: dict[str, str | None] = field(default_factory=dict)
-    relaunch: Any = None  # recovery.Relaunch for the chosen profile (None when as configured)
+    relaunch: Any = None  # ladder.Relaunch for the chosen profile (None when as configured)
     not_fitting: list[str] = field(default_factory=list)  # ladder profiles predicted not to fit (for the log)
     plan: Plan | None = None  # the plan of the configuration that will be launched
     configured: Plan | None = None  # the plan as configured
@@ -60,7 +60,7 @@ def fit_profile(
     """Choose the first launch (item 3 of the capacity issue).
 
     As configured when the plan does not say, by more than its margin, that it cannot
-    fit; otherwise the first profile of the relaunch ladder (recovery.next_launch on a
+    fit; otherwise the first profile of the relaunch ladder (ladder.next_launch on a
     memory shortfall: MAX_NUM_SEQS, then eager) predicted to fit; then, only when
     MAX_MODEL_LEN is not set, MAX_MODEL_LEN=auto (vLLM fits the longest context itself);
     else "cannot_fit" with the figures and the fixes. An explicit MAX_MODEL_LEN is never
@@ -80,9 +80,9 @@ def fit_profile(
     launch_env = dict(env)
     candidates: list[tuple[Any, dict[str, str], Plan]] = []
     while True:
-        attempts.append(recovery.Attempt(env=dict(launch_env), diagnosis=shortfall))
-        step = recovery.next_launch(env, attempts, max_concurrency, device_total_bytes=device_total_bytes)
-        if isinstance(step, recovery.Stop):
+        attempts.append(ladder.Attempt(env=dict(launch_env), diagnosis=shortfall))
+        step = ladder.next_launch(env, attempts, max_concurrency, device_total_bytes=device_total_bytes)
+        if isinstance(step, ladder.Stop):
             break
         launch_env = apply_overrides(env, step.overrides)
         candidate = plan_for(launch_env)
@@ -102,7 +102,7 @@ def fit_profile(
         # vLLM fits the context to the memory it measures, so a first boot's compile only shortens it:
         # the central prediction decides, and the warning gives the band.
         if auto_plan.verdict != "does_not_fit" and auto_plan.max_model_len_fits >= min(MIN_USEFUL_CONTEXT, facts.max_context):
-            context = recovery.Relaunch(
+            context = ladder.Relaunch(
                 overrides=overrides,
                 profile="context_auto",
                 reason=(
@@ -248,7 +248,7 @@ class StartupPlan:
     warnings: list[str] = field(default_factory=list)
     fatal_message: str | None = None
     predicted: Plan | None = None  # the plan of what will be launched
-    relaunch: Any = None  # recovery.Relaunch when a ladder profile was chosen
+    relaunch: Any = None  # ladder.Relaunch when a ladder profile was chosen
     facts: ModelFacts | None = None
     device_total_bytes: int | None = None
     device_name: str | None = None

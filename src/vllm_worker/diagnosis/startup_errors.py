@@ -24,8 +24,12 @@ from __future__ import annotations
 import re
 from typing import Callable, Mapping, Sequence
 
-from vllm_worker import config_errors, failure_rules, hub_errors
-from vllm_worker.diagnosis import (  # noqa: F401  (re-exported for recovery, capacity and tests)
+from vllm_worker.diagnosis import refused_settings as config_errors
+
+from vllm_worker.diagnosis import rules as failure_rules
+
+from vllm_worker.diagnosis import hub as hub_errors
+from vllm_worker.diagnosis.verdict import (  # noqa: F401  (re-exported for recovery, capacity and tests)
     DEFAULT_GPU_MEMORY_UTILIZATION,
     DEFAULT_MAX_CONCURRENCY,
     EAGER_MAX_BATCHED_TOKENS,
@@ -42,8 +46,8 @@ from vllm_worker.diagnosis import (  # noqa: F401  (re-exported for recovery, ca
     size_text,
     tried_sentence,
 )
-from vllm_worker.failure_rules import Hit, clean_lines, find_hits, last_words, root_error, root_hit
-from vllm_worker.hub_messages import (  # noqa: F401  (re-exported: one sentence per cause)
+from vllm_worker.diagnosis.rules import Hit, clean_lines, find_hits, last_words, root_error, root_hit
+from vllm_worker.diagnosis.hub_messages import (  # noqa: F401  (re-exported: one sentence per cause)
     gated_repo_message,
     hub_unreachable_message,
     invalid_model_name_message,
@@ -54,8 +58,8 @@ from vllm_worker.hub_messages import (  # noqa: F401  (re-exported: one sentence
     revision_not_found_message,
     unauthorized_message,
 )
-from vllm_worker.runtime_errors import ENGINE_DEAD_TEXT, RUNTIME_KINDS, SERVING_MARKER, runtime_failure  # noqa: F401
-from vllm_worker.shortfall import memory_held_diagnosis, memory_shortfall_diagnosis, profiling_race_diagnosis
+from vllm_worker.diagnosis.runtime import ENGINE_DEAD_TEXT, RUNTIME_KINDS, SERVING_MARKER, runtime_failure  # noqa: F401
+from vllm_worker.diagnosis.shortfall import memory_held_diagnosis, memory_shortfall_diagnosis, profiling_race_diagnosis
 
 # kind -> what it means. Every Diagnosis.kind of a failed start is one of these.
 KINDS: dict[str, str] = {

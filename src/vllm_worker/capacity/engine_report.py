@@ -16,8 +16,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from vllm_worker.memory_budget import COLD_COMPILE_PERSISTENT_SHARE, Plan
-from vllm_worker.model_facts import GiB
+from vllm_worker.capacity.memory_budget import COLD_COMPILE_PERSISTENT_SHARE, Plan
+from vllm_worker.capacity.model_facts import GiB
 
 GAP_WARNING = 0.05  # relative KV-token gap that is worth a report
 

@@ -40,7 +40,7 @@ from typing import Any, AsyncGenerator, Protocol
 import aiohttp
 
 # Input parsing lives in job_input; ALLOWED_ROUTES, EngineRequest and STATUS_ROUTE stay importable from here.
-from vllm_worker.job_input import (
+from vllm_worker.serving.job_input import (
     ALLOWED_ROUTES,
     AUDIO_ROUTES,
     POOLING_ROUTES,
@@ -53,7 +53,7 @@ from vllm_worker.job_input import (
     route_template,
     with_context_budget,
 )
-from vllm_worker.startup_errors import ENGINE_DEAD_TEXT
+from vllm_worker.diagnosis.startup_errors import ENGINE_DEAD_TEXT
 
 log = logging.getLogger(__name__)
 

@@ -40,8 +40,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Mapping, Sequence
 
-from vllm_worker.settings import multiple_of_8_at_least
-from vllm_worker.diagnosis import (
+from vllm_worker.config.settings import multiple_of_8_at_least
+from vllm_worker.diagnosis.verdict import (
     TRANSIENT_KINDS,
     EAGER_MAX_BATCHED_TOKENS,
     Diagnosis,

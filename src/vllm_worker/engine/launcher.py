@@ -20,10 +20,16 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Mapping, Sequence
 
-from vllm_worker import args_builder, capacity, recovery, startup_errors
-from vllm_worker import settings as settings_mod
-from vllm_worker.engine import Engine, command_problem
-from vllm_worker.profile import LaunchProfile, apply_overrides
+from vllm_worker.config import args_builder
+
+from vllm_worker import capacity
+
+from vllm_worker.engine import ladder
+
+from vllm_worker.diagnosis import startup_errors
+from vllm_worker.config import settings as settings_mod
+from vllm_worker.engine.process import Engine, command_problem
+from vllm_worker.config.profile import LaunchProfile, apply_overrides
 
 log = logging.getLogger("vllm_worker")
 
@@ -223,9 +229,9 @@ def start_engine(
         weights = startup_plan.predicted.weights_bytes if startup_plan and startup_plan.predicted else None
         launcher = Launcher(settings, supervisor, wait_for_memory, weights)
     outcome = StartupOutcome(base_env=dict(env), launcher=launcher, device_total_bytes=device_total_bytes)
-    attempts: list[recovery.Attempt] = []
+    attempts: list[ladder.Attempt] = []
     tried: list[str] = []
-    pending: recovery.Relaunch | None = None
+    pending: ladder.Relaunch | None = None
     if startup_plan is not None and startup_plan.relaunch is not None:
         pending = startup_plan.relaunch
     launch_env = apply_overrides(env, pending.overrides if pending else {})
@@ -255,10 +261,10 @@ def start_engine(
             return outcome
         diagnosis = result.diagnosis
         assert diagnosis is not None
-        attempts.append(recovery.Attempt(env=dict(launch_env), diagnosis=diagnosis))
+        attempts.append(ladder.Attempt(env=dict(launch_env), diagnosis=diagnosis))
         log.error("launch %d failed: %s", result.record["launch"], diagnosis.message)
-        step = recovery.next_launch(env, attempts, settings.max_concurrency, device_total_bytes=device_total_bytes)
-        if isinstance(step, recovery.Stop):
+        step = ladder.next_launch(env, attempts, settings.max_concurrency, device_total_bytes=device_total_bytes)
+        if isinstance(step, ladder.Stop):
             outcome.fatal = diagnosis.message
             return outcome
         for warning in step.warnings:
@@ -272,7 +278,7 @@ def start_engine(
         pending = step if step.profile != "same" else pending
 
 
-def profile_notice(step: recovery.Relaunch, tried: Sequence[str]) -> dict[str, Any]:
+def profile_notice(step: ladder.Relaunch, tried: Sequence[str]) -> dict[str, Any]:
     """The degraded profile every response names (handler's `worker` object)."""
     return {"name": step.profile, "reason": step.reason, "overrides": dict(step.overrides), "tried": list(tried)}
 

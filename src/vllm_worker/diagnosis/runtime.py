@@ -11,7 +11,7 @@ import re
 import signal
 from typing import Mapping, Sequence
 
-from vllm_worker.diagnosis import (
+from vllm_worker.diagnosis.verdict import (
     Diagnosis,
     compose,
     LaunchProfile,
@@ -19,7 +19,7 @@ from vllm_worker.diagnosis import (
     evidence_of,
     scrubbed,
 )
-from vllm_worker.failure_rules import clean_lines
+from vllm_worker.diagnosis.rules import clean_lines
 
 # --- the engine died while serving ------------------------------------------------------------
 

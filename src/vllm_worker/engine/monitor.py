@@ -13,7 +13,7 @@ engine's process group is stopped (killed outright when hung: a stopped process 
 SIGTERM), and the engine is relaunched in place through `launcher.Launcher`, the same launch
 path as startup, while new jobs wait. An out-of-memory death walks the startup ladder (fewer
 sequences with CUDA graphs kept, then eager) instead of relaunching the footprint that died.
-Restarts are bounded (`recovery.restart_allowed`): a configuration that keeps killing its
+Restarts are bounded (`ladder.restart_allowed`): a configuration that keeps killing its
 engine ends in an answer naming the cause.
 """
 
@@ -26,11 +26,15 @@ import urllib.error
 import urllib.request
 from typing import Any, Callable, Mapping, Sequence
 
-from vllm_worker import handler, recovery, startup_errors
-from vllm_worker import settings as settings_mod
-from vllm_worker.engine import Engine, health_url
-from vllm_worker.launcher import Launcher, MemoryWait, Supervisor, profile_notice
-from vllm_worker.profile import LaunchProfile, apply_overrides
+from vllm_worker.serving import handler
+
+from vllm_worker.engine import ladder
+
+from vllm_worker.diagnosis import startup_errors
+from vllm_worker.config import settings as settings_mod
+from vllm_worker.engine.process import Engine, health_url
+from vllm_worker.engine.launcher import Launcher, MemoryWait, Supervisor, profile_notice
+from vllm_worker.config.profile import LaunchProfile, apply_overrides
 
 log = logging.getLogger("vllm_worker")
 
@@ -58,10 +62,10 @@ def health_status(url: str, timeout: float) -> int | None:
 
 def budget_sentence(message: str, deaths_in_window: int) -> str:
     """What every job is answered with once the engine died more often than the restart budget allows."""
-    minutes = recovery.RESTART_WINDOW_S / 60
+    minutes = ladder.RESTART_WINDOW_S / 60
     return (
         f"{message} The engine has stopped {deaths_in_window} times within {minutes:g} minutes while serving, "
-        f"more than the worker's budget of {recovery.restart_budget_phrase()}, so it is not restarted again; "
+        f"more than the worker's budget of {ladder.restart_budget_phrase()}, so it is not restarted again; "
         f"after fixing the cause, or to try another machine, terminate this worker so the platform starts a fresh one."
     )
 
@@ -172,8 +176,8 @@ class EngineMonitor:
         else:
             diagnosis = startup_errors.runtime_failure(tail, self.launch_env, exit_code=code)
         now = self.clock()
-        recent = [at for at in self.restarts if now - at < recovery.RESTART_WINDOW_S]
-        allowed = recovery.restart_allowed(self.restarts, now)
+        recent = [at for at in self.restarts if now - at < ladder.RESTART_WINDOW_S]
+        allowed = ladder.restart_allowed(self.restarts, now)
         step = self._next_step(diagnosis) if allowed else None
         restarting = RESTARTING if step is None else f"The worker is restarting the engine with {step.tried_phrase.removeprefix('relaunched with ')}; retry the request."
         sentence = f"{diagnosis.message} {restarting}" if allowed else budget_sentence(diagnosis.message, len(recent) + 1)
@@ -199,15 +203,15 @@ class EngineMonitor:
         self._publish()
         return self._relaunch(diagnosis.kind)
 
-    def _next_step(self, diagnosis: startup_errors.Diagnosis) -> recovery.Relaunch | None:
+    def _next_step(self, diagnosis: startup_errors.Diagnosis) -> ladder.Relaunch | None:
         """After an out-of-memory death, the ladder's next footprint; None: relaunch the same one."""
         if diagnosis.kind != "runtime_oom" or diagnosis.facts.get("device") == "CPU":
             return None
-        return recovery.next_after_death(
+        return ladder.next_after_death(
             self.base_env, self.launch_env, self.settings.max_concurrency, device_total_bytes=self.device_total_bytes
         )
 
-    def _take(self, step: recovery.Relaunch) -> None:
+    def _take(self, step: ladder.Relaunch) -> None:
         for warning in step.warnings:
             log.warning(warning)
         log.warning("relaunching (%s): %s", step.profile, step.reason)
@@ -223,7 +227,7 @@ class EngineMonitor:
                 "restarting the engine (%s; restart %d; at most %s)",
                 self._profile,
                 len(self.restarts),
-                recovery.restart_budget_phrase(),
+                ladder.restart_budget_phrase(),
             )
             profile = LaunchProfile.parse(self.launch_env, self._profile, self._overrides)
             result = self.launcher.attempt(profile, {"restart": len(self.restarts), "after": after})
@@ -247,7 +251,7 @@ class EngineMonitor:
             self.causes.append(kind)
             log.error("launch %d failed: %s", result.record["launch"], message)
             now = self.clock()
-            if not recovery.restart_allowed(self.restarts, now):
+            if not ladder.restart_allowed(self.restarts, now):
                 tail = self.supervisor.engine.tail() if self.supervisor.engine is not None else None
                 self._give_up(f"The engine stopped while serving and could not be started again: {message}", tail)
                 return None

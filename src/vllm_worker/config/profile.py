@@ -14,8 +14,8 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from vllm_worker.args_builder import ArgsError, parse_bool
-from vllm_worker.settings import multiple_of_8_at_least
+from vllm_worker.config.args_builder import ArgsError, parse_bool
+from vllm_worker.config.settings import multiple_of_8_at_least
 
 DEFAULT_MAX_CONCURRENCY = 30
 EXTRA_ARGS_NAME = "VLLM_EXTRA_ARGS"

@@ -10,8 +10,8 @@ import re
 from typing import Callable, Sequence
 from urllib.parse import unquote
 
-from vllm_worker.diagnosis import Context, Diagnosis, compose, env_value, evidence_of, tried_sentence
-from vllm_worker.hub_messages import (
+from vllm_worker.diagnosis.verdict import Context, Diagnosis, compose, env_value, evidence_of, tried_sentence
+from vllm_worker.diagnosis.hub_messages import (
     gated_repo_message,
     hub_unreachable_message,
     invalid_model_name_message,

@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
-from vllm_worker.hub_messages import (
+from vllm_worker.diagnosis.hub_messages import (
     gated_repo_message,
     model_path_missing_message,
     repo_not_found_message,

@@ -13,8 +13,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
-from vllm_worker.failure_rules import Hit
-from vllm_worker.profile import (  # noqa: F401  (re-exported: the pieces messages name)
+from vllm_worker.diagnosis.rules import Hit
+from vllm_worker.config.profile import (  # noqa: F401  (re-exported: the pieces messages name)
     CPU_KV_SPACE,
     DEFAULT_MAX_CONCURRENCY,
     EXTRA_ARGS_NAME,

@@ -3,7 +3,7 @@
 A user reads nothing but a job's error, so a value vLLM would refuse must be answered
 with the variable, the value and what the option takes, and the same words must serve
 whether the worker notices it before launch (`args_builder`) or vLLM refuses it after
-(`startup_errors`). Both work from one option entry of src/vllm_worker/vllm_flags.json,
+(`startup_errors`). Both work from one option entry of src/vllm_worker/config/vllm_flags.json,
 which scripts/gen_flag_table.py reads from vLLM 0.32's own parser.
 
 `problem()` checks only what vLLM's parser (types, choices) and its config fields'

@@ -21,9 +21,9 @@ import math
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from vllm_worker.budget_versions import VLLM_032, Budgeting
-from vllm_worker.gpus import CARDS
-from vllm_worker.kv_cache import (
+from vllm_worker.capacity.budget_versions import VLLM_032, Budgeting
+from vllm_worker.capacity.gpus import CARDS
+from vllm_worker.capacity.kv_cache import (
     blocks_per_request,
     kv_capacity,
     kv_dtype_bytes,
@@ -32,9 +32,9 @@ from vllm_worker.kv_cache import (
     longest_fitting_len,
     model_dtype_bytes,
 )
-from vllm_worker.model_facts import DTYPE_BITS, FLOAT_DTYPES, GiB, MiB, CapacityError, ModelFacts, estimate_params
-from vllm_worker.plan_settings import Knobs
-from vllm_worker.settings import multiple_of_8_at_least
+from vllm_worker.capacity.model_facts import DTYPE_BITS, FLOAT_DTYPES, GiB, MiB, CapacityError, ModelFacts, estimate_params
+from vllm_worker.capacity.plan_settings import Knobs
+from vllm_worker.config.settings import multiple_of_8_at_least
 
 HIGHEST_ADVISED_UTILIZATION = 0.95  # the most the worker advises (startup_errors)
 EAGER_MAX_BATCHED_TOKENS = 8192  # recovery's eager step caps MAX_NUM_BATCHED_TOKENS here

@@ -13,12 +13,12 @@ import shlex
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Mapping
 
-from vllm_worker.diagnosis import parse_human_int
-from vllm_worker.model_facts import GiB, CapacityError
-from vllm_worker.settings import multiple_of_8_at_least
+from vllm_worker.diagnosis.verdict import parse_human_int
+from vllm_worker.capacity.model_facts import GiB, CapacityError
+from vllm_worker.config.settings import multiple_of_8_at_least
 
 if TYPE_CHECKING:
-    from vllm_worker.budget_versions import Budgeting
+    from vllm_worker.capacity.budget_versions import Budgeting
 
 DEFAULT_UTILIZATION = 0.92  # config/cache.py gpu_memory_utilization default (also startup_errors)
 

@@ -1,0 +1,12 @@
+"""What the user asked for: every environment string of a start is read here, once.
+
+- `settings`: the worker's own variables (timeouts, concurrency, the engine command);
+- `profile`: `LaunchProfile`, the launch configuration typed, and the overrides a relaunch applies;
+- `args_builder`: vLLM's option table (`vllm_flags.json`) and the `vllm serve` argv built from a profile;
+- `flag_messages`: the sentences for a flag value vLLM would refuse or a name that only looks like a flag;
+- `versions`: the vLLM release the worker is built and tested against.
+
+This folder imports nothing else of the package: every other folder takes its typed values.
+"""
+
+__all__ = ["args_builder", "flag_messages", "profile", "settings", "versions"]

@@ -1,0 +1,12 @@
+"""Why a start failed, and what to tell the user: the cause, its value, and the fix that remains.
+
+- `startup_errors`: the entry (`explain`, `classify`, `memory_shortfall`) for a failed launch;
+- `rules`: the wordings of vLLM, torch and huggingface_hub as one table of data;
+- `verdict`: the `Diagnosis` type and the pieces every sentence shares;
+- `shortfall`: out-of-memory; `refused_settings`: a value vLLM refused; `hub`, `hub_messages`:
+  the model could not be fetched; `runtime`: an engine that died or hung while serving.
+
+Pure functions over text and a profile; imports only `config`.
+"""
+
+__all__ = ["hub", "hub_messages", "refused_settings", "rules", "runtime", "shortfall", "startup_errors", "verdict"]
