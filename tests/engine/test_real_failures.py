@@ -32,6 +32,7 @@ from tests.support import engine_env
 from tests.support.control_plane import ControlPlane
 from tests.support.engine_env import BOOT_TIMEOUT, STOP_GRACE
 from tests.support.worker_proc import WorkerProcess
+from vllm_worker.diagnosis.verdict import Failure
 from vllm_worker.config import args_builder
 from vllm_worker.engine import ladder
 from vllm_worker.diagnosis import startup_errors
@@ -68,7 +69,7 @@ class Capture:
     exit_code: int | None
 
     def diagnose(self) -> startup_errors.Diagnosis | None:
-        return startup_errors.diagnose(self.output, exit_code=self.exit_code, env=self.env)
+        return startup_errors.diagnose(Failure.of(self.output, exit_code=self.exit_code, env=self.env))
 
 
 def capture(env: Mapping[str, str]) -> Capture:
@@ -249,7 +250,7 @@ def test_max_model_len_above_the_models_limit_is_answered_and_launched_once(fail
     assert "max_position_embeddings" in sentence
     assert "set MAX_MODEL_LEN to 2048 or less" in sentence
     # The worker's answer is the classifier's reading of the very output vLLM printed.
-    diagnosis = startup_errors.diagnose(failing.worker.log(), env=failing.env)
+    diagnosis = startup_errors.diagnose(Failure.of(failing.worker.log(), env=failing.env))
     assert diagnosis is not None and diagnosis.kind == "max_model_len_too_large"
     assert diagnosis.message == sentence
 

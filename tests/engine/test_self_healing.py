@@ -39,6 +39,8 @@ import pytest
 from tests.support import engine_env
 from tests.support.control_plane import ControlPlane
 from tests.support.worker_proc import WorkerProcess
+from vllm_worker.diagnosis import runtime
+from vllm_worker.diagnosis.verdict import Failure
 from vllm_worker.engine import gpu_memory
 from vllm_worker import main
 from vllm_worker.diagnosis import startup_errors
@@ -208,7 +210,7 @@ def test_a_dead_engine_core_under_a_live_api_server_is_noticed_and_replaced(serv
     error = result["error"]
     # Not vLLM's "See stack trace (above)": the user has no stack trace, the worker names what happened.
     assert error.startswith("The engine ") and " while serving requests" in error
-    assert startup_errors.ENGINE_DEAD_TEXT not in error
+    assert runtime.ENGINE_DEAD_TEXT not in error
     assert error.endswith(main.RESTARTING)
     assert not running(leader), "what was left of the dead engine was not stopped"
     assert len(served_text(after)) > 0
@@ -340,7 +342,7 @@ def test_without_the_wait_the_launch_fails_with_vllms_message_read_as_memory_hel
     assert "ValueError: Available memory on node 0 (" in log
     assert f"on startup is less than desired CPU memory utilization ({UTILIZATION}, " in log
     line = next(l for l in log.splitlines() if "on startup is less than desired CPU memory utilization" in l)
-    diagnosis = startup_errors.diagnose(line)
+    diagnosis = startup_errors.diagnose(Failure.of(line))
     assert diagnosis is not None and diagnosis.kind == "memory_held"
     # Memory held elsewhere: the same configuration again, never a smaller one; then the answer.
     assert report["causes"] == ["memory_held", "memory_held"]

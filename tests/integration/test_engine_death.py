@@ -28,6 +28,8 @@ from tests.support.control_plane import ControlPlane
 from tests.support.engine_env import free_port
 from tests.support.fake_engine import FakeEngine
 from tests.support.worker_proc import WorkerProcess
+from vllm_worker.diagnosis import runtime
+from vllm_worker.diagnosis.verdict import Failure
 from vllm_worker.engine import gpu_memory
 from vllm_worker import main
 from vllm_worker.engine import ladder
@@ -107,7 +109,7 @@ def test_an_oom_while_serving_ends_the_running_job_and_the_next_ladder_step_serv
 
     assert content(first) == "w0 w1 w2"
     # The running job got the cause, not a hang until REQUEST_TIMEOUT nor a bare connection error.
-    expected = startup_errors.runtime_failure(vllm_texts.TORCH_OOM, seen, exit_code=1)
+    expected = runtime.runtime_failure(Failure.of(vllm_texts.TORCH_OOM, env=seen, exit_code=1))
     assert expected.kind == "runtime_oom"
     # The footprint that died is not relaunched: the ladder's first step, graphs kept (issue 12).
     assert dying == {"error": f"{expected.message} The worker is restarting the engine with MAX_NUM_SEQS=32; retry the request."}
@@ -178,7 +180,7 @@ def test_a_configuration_that_keeps_killing_its_engine_is_answered_with_the_caus
     finally:
         engine.kill_leftovers()
 
-    cause = startup_errors.runtime_failure("RuntimeError: boom", env, exit_code=3)
+    cause = runtime.runtime_failure(Failure.of("RuntimeError: boom", env=env, exit_code=3))
     assert cause.message == "The engine exited with code 3 while serving requests; its last error was: RuntimeError: boom."
     restarting = {"error": f"{cause.message} {main.RESTARTING}"}
     final = {"error": main.budget_sentence(cause.message, ladder.MAX_RESTARTS + 1)}

@@ -14,6 +14,7 @@ from typing import Iterator
 import pytest
 
 from tests.support.hub_stub import HubStub, StubRepo
+from vllm_worker.diagnosis import hub_messages
 from vllm_worker.model import preflight
 from vllm_worker.diagnosis import startup_errors
 
@@ -83,7 +84,7 @@ def test_nonexistent_repo(hub: HubStub, token: str | None, caplog: pytest.LogCap
     result = preflight.run(env)
     assert not result.ok
     assert result.kind == preflight.REPO_NOT_FOUND
-    assert result.message == startup_errors.repo_not_found_message("org/does-not-exist", "MODEL_NAME")
+    assert result.message == hub_messages.repo_not_found_message("org/does-not-exist", "MODEL_NAME")
     assert [r.status for r in hub.requests] == [404 if token else 401]
     assert_no_secret(result, caplog)
 
@@ -91,14 +92,14 @@ def test_nonexistent_repo(hub: HubStub, token: str | None, caplog: pytest.LogCap
 def test_malformed_repo_id_is_not_found_without_a_call(hub: HubStub) -> None:
     result = preflight.run(env_for(hub, MODEL_NAME="org/with space"))
     assert (result.ok, result.kind) == (False, preflight.REPO_NOT_FOUND)
-    assert result.message == startup_errors.repo_not_found_message("org/with space")
+    assert result.message == hub_messages.repo_not_found_message("org/with space")
     assert hub.requests == []
 
 
 def test_gated_without_token(hub: HubStub) -> None:
     result = preflight.run(env_for(hub, MODEL_NAME="org/gated"))
     assert (result.ok, result.kind) == (False, preflight.GATED_REPO)
-    assert result.message == startup_errors.gated_repo_message("org/gated", "MODEL_NAME", token_set=False)
+    assert result.message == hub_messages.gated_repo_message("org/gated", "MODEL_NAME", token_set=False)
     assert [r.path for r in hub.requests] == ["/api/models/org/gated"]
 
 
@@ -116,7 +117,7 @@ def test_gated_with_a_token_that_has_access(hub: HubStub, caplog: pytest.LogCapt
 def test_gated_with_a_token_without_access(hub: HubStub, caplog: pytest.LogCaptureFixture) -> None:
     result = preflight.run(env_for(hub, MODEL_NAME="org/gated", HF_TOKEN=TOKEN_WITHOUT_ACCESS))
     assert (result.ok, result.kind) == (False, preflight.GATED_REPO)
-    assert result.message == startup_errors.gated_repo_message("org/gated", "MODEL_NAME", token_set=True)
+    assert result.message == hub_messages.gated_repo_message("org/gated", "MODEL_NAME", token_set=True)
     assert [r.status for r in hub.calls("/api/models/org/gated/auth-check")] == [403]
     assert_no_secret(result, caplog)
 
@@ -130,7 +131,7 @@ def test_legacy_token_variable_is_honoured(hub: HubStub) -> None:
 def test_private_repo_without_token_reads_as_not_found(hub: HubStub) -> None:
     result = preflight.run(env_for(hub, MODEL_NAME="org/private"))
     assert (result.ok, result.kind) == (False, preflight.REPO_NOT_FOUND)
-    assert result.message == startup_errors.repo_not_found_message("org/private")
+    assert result.message == hub_messages.repo_not_found_message("org/private")
     assert [r.status for r in hub.requests] == [401]
 
 
@@ -143,21 +144,21 @@ def test_private_repo_with_a_token_that_can_read_it(hub: HubStub) -> None:
 def test_rejected_token(hub: HubStub, caplog: pytest.LogCaptureFixture) -> None:
     result = preflight.run(env_for(hub, MODEL_NAME="org/public", HF_TOKEN="hf_unknown0123456789"))
     assert (result.ok, result.kind) == (False, preflight.UNAUTHORIZED)
-    assert result.message == startup_errors.unauthorized_message("org/public", "MODEL_NAME", token_set=True)
+    assert result.message == hub_messages.unauthorized_message("org/public", "MODEL_NAME", token_set=True)
     assert_no_secret(result, caplog)
 
 
 def test_bad_model_revision(hub: HubStub) -> None:
     result = preflight.run(env_for(hub, MODEL_NAME="org/public", MODEL_REVISION="no-such-rev"))
     assert (result.ok, result.kind) == (False, preflight.REVISION_NOT_FOUND)
-    assert result.message == startup_errors.revision_not_found_message("org/public", "no-such-rev", "MODEL_REVISION")
+    assert result.message == hub_messages.revision_not_found_message("org/public", "no-such-rev", "MODEL_REVISION")
     assert [r.path for r in hub.requests] == ["/api/models/org/public/revision/no-such-rev"]
 
 
 def test_bad_tokenizer_name(hub: HubStub) -> None:
     result = preflight.run(env_for(hub, MODEL_NAME="org/public", TOKENIZER_NAME="org/no-tokenizer"))
     assert (result.ok, result.kind) == (False, preflight.REPO_NOT_FOUND)
-    assert result.message == startup_errors.repo_not_found_message("org/no-tokenizer", "TOKENIZER_NAME")
+    assert result.message == hub_messages.repo_not_found_message("org/no-tokenizer", "TOKENIZER_NAME")
     assert [r.path for r in hub.requests] == ["/api/models/org/public", "/api/models/org/no-tokenizer"]
 
 
@@ -165,7 +166,7 @@ def test_bad_tokenizer_revision(hub: HubStub) -> None:
     env = env_for(hub, MODEL_NAME="org/public", TOKENIZER_NAME="org/tokenizer", TOKENIZER_REVISION="nope")
     result = preflight.run(env)
     assert (result.ok, result.kind) == (False, preflight.REVISION_NOT_FOUND)
-    assert result.message == startup_errors.revision_not_found_message("org/tokenizer", "nope", "TOKENIZER_REVISION")
+    assert result.message == hub_messages.revision_not_found_message("org/tokenizer", "nope", "TOKENIZER_REVISION")
     assert "TOKENIZER_REVISION" in result.message
 
 

@@ -21,6 +21,7 @@ from tests.support.control_plane import ControlPlane
 from tests.support.fake_engine import FakeEngine
 from tests.support.hub_stub import HubStub
 from tests.support.worker_proc import WorkerProcess
+from vllm_worker.diagnosis import hub_messages
 from vllm_worker.model import preflight
 from vllm_worker.diagnosis import startup_errors
 
@@ -79,17 +80,17 @@ CASES: dict[str, tuple[dict[str, str], str, Callable[[], str]]] = {
     "typo'd model id": (
         {"MODEL_NAME": "org/pubilc"},
         "/api/models/org/pubilc",
-        lambda: startup_errors.repo_not_found_message("org/pubilc", "MODEL_NAME"),
+        lambda: hub_messages.repo_not_found_message("org/pubilc", "MODEL_NAME"),
     ),
     "gated repo without a token": (
         {"MODEL_NAME": GATED},
         f"/api/models/{GATED}",
-        lambda: startup_errors.gated_repo_message(GATED, "MODEL_NAME", token_set=False),
+        lambda: hub_messages.gated_repo_message(GATED, "MODEL_NAME", token_set=False),
     ),
     "bad MODEL_REVISION": (
         {"MODEL_NAME": PUBLIC, "MODEL_REVISION": "no-such-rev"},
         f"/api/models/{PUBLIC}/revision/no-such-rev",
-        lambda: startup_errors.revision_not_found_message(PUBLIC, "no-such-rev", "MODEL_REVISION"),
+        lambda: hub_messages.revision_not_found_message(PUBLIC, "no-such-rev", "MODEL_REVISION"),
     ),
 }
 

@@ -35,6 +35,8 @@ from tests.support import vllm_texts
 from tests.support.control_plane import ControlPlane
 from tests.support.fake_engine import FakeEngine
 from tests.support.worker_proc import WorkerProcess
+from vllm_worker.diagnosis import verdict
+from vllm_worker.diagnosis.verdict import Failure
 from vllm_worker.engine import ladder
 from vllm_worker.diagnosis import startup_errors
 from vllm_worker.config.settings import multiple_of_8_at_least
@@ -47,7 +49,7 @@ MESSAGES = [{"role": "user", "content": "Say two words."}]
 CHAT = {"messages": MESSAGES, "sampling_params": {"max_tokens": 2}}
 STATUS = {"route": "/worker/status"}
 SEQS_30 = str(multiple_of_8_at_least(30))  # step 1's MAX_NUM_SEQS for MAX_CONCURRENCY=30
-EAGER_TOKENS = str(startup_errors.EAGER_MAX_BATCHED_TOKENS)
+EAGER_TOKENS = str(verdict.EAGER_MAX_BATCHED_TOKENS)
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -94,9 +96,7 @@ def expected_answer(
     tried: list[str] = []
     env = dict(base_env)
     for text in texts:
-        diagnosis = startup_errors.diagnose(
-            text, env.get("MODEL_NAME"), revision=env.get("MODEL_REVISION"), exit_code=1, env=env, tried=tried
-        )
+        diagnosis = startup_errors.diagnose(Failure.of(text, env.get("MODEL_NAME"), revision=env.get("MODEL_REVISION"), exit_code=1, env=env, tried=tried))
         assert diagnosis is not None, "the scripted text must be one the worker recognises"
         attempts.append(ladder.Attempt(env=dict(env), diagnosis=diagnosis))
         step = ladder.next_launch(base_env, attempts, max_concurrency)

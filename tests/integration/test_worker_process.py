@@ -25,6 +25,7 @@ from tests.support import vllm_texts
 from tests.support.control_plane import ControlPlane
 from tests.support.fake_engine import FakeEngine, alive
 from tests.support.worker_proc import WorkerProcess
+from vllm_worker.diagnosis.verdict import Failure
 from vllm_worker.engine import ladder as recovery
 from vllm_worker.diagnosis import startup_errors
 from vllm_worker.config import settings as worker_settings
@@ -301,9 +302,9 @@ def test_memory_held_by_another_process_is_retried_once_then_explained(cp: Contr
     assert [launch["argv"] for launch in launches] == [launches[0]["argv"]] * 2
     # The answer is the diagnosis of the last launch, naming what the worker already tried.
     text, seen = vllm_texts.FREE_MEMORY_LESS_THAN_DESIRED, dict(worker.env)
-    first = startup_errors.diagnose(text, MODEL, env=seen, exit_code=1)
+    first = startup_errors.diagnose(Failure.of(text, MODEL, env=seen, exit_code=1))
     assert first is not None and first.kind == "memory_held"
     relaunch = recovery.next_launch(seen, [recovery.Attempt(env=seen, diagnosis=first)], 30)
     assert isinstance(relaunch, recovery.Relaunch)
-    last = startup_errors.diagnose(text, MODEL, env=seen, exit_code=1, tried=[relaunch.tried_phrase])
+    last = startup_errors.diagnose(Failure.of(text, MODEL, env=seen, exit_code=1, tried=[relaunch.tried_phrase]))
     assert result == {"error": last.message}

@@ -22,7 +22,7 @@ from tests.support.model_configs import (
     LLAMA_31_70B_PARAMS,
 )
 from vllm_worker import capacity as cap
-from vllm_worker.config.profile import parse_human_int
+from vllm_worker.config.env import parse_human_int
 from vllm_worker.capacity import at_boot, budget_versions, kv_cache, memory_budget, model_facts, plan_report, plan_settings
 from vllm_worker.capacity import GiB, MiB
 from vllm_worker.capacity.gpus import UnknownCard, cards_with_at_least, find_card

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+from vllm_worker.diagnosis.verdict import Failure
 from vllm_worker.diagnosis import startup_errors
 from vllm_worker.diagnosis.startup_errors import explain, memory_shortfall
 
@@ -88,7 +89,7 @@ CASES = load_cases()
 def judge(case: Case) -> tuple[bool, str]:
     """(handled right, why not) for one excerpt."""
     text = (CORPUS / case.file).read_bytes().decode("utf-8", errors="replace")
-    diagnosis = explain(text, exit_code=1)
+    diagnosis = explain(Failure.of(text, exit_code=1))
     if not diagnosis.message:
         return False, "no message"
     oom = memory_shortfall(text)
@@ -163,7 +164,7 @@ def _row(label: str, row: Counter[str]) -> str:
 @pytest.mark.parametrize("case", [case for case in CASES if case.label in NEGATIVE], ids=lambda case: case.file)
 def test_negatives_are_answered_with_vllms_own_root_line(case: Case) -> None:
     text = (CORPUS / case.file).read_bytes().decode("utf-8", errors="replace")
-    diagnosis = explain(text, exit_code=1)
+    diagnosis = explain(Failure.of(text, exit_code=1))
     assert diagnosis.kind in startup_errors.KINDS
     assert diagnosis.kind != "memory_shortfall"
     # The answer carries vLLM's words, not only the worker's.

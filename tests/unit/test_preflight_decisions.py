@@ -15,6 +15,8 @@ import pytest
 from huggingface_hub.errors import HFValidationError, OfflineModeIsEnabled
 from huggingface_hub.utils import hf_raise_for_status
 
+from vllm_worker.diagnosis import hub_messages
+from vllm_worker.diagnosis.verdict import Failure
 from vllm_worker.diagnosis import startup_errors
 from vllm_worker.model.preflight import (
     GATED_REPO,
@@ -223,14 +225,14 @@ def test_transport_and_other_errors(exc: BaseException, expected: tuple[str, boo
 
 def test_messages_are_the_shared_sentences_naming_the_variable() -> None:
     tok = Target("org/tok", "t1", "TOKENIZER_NAME", "TOKENIZER_REVISION")
-    assert failure_message(REPO_NOT_FOUND, tok, False) == startup_errors.repo_not_found_message("org/tok", "TOKENIZER_NAME")
-    assert failure_message(GATED_REPO, tok, True) == startup_errors.gated_repo_message(
+    assert failure_message(REPO_NOT_FOUND, tok, False) == hub_messages.repo_not_found_message("org/tok", "TOKENIZER_NAME")
+    assert failure_message(GATED_REPO, tok, True) == hub_messages.gated_repo_message(
         "org/tok", "TOKENIZER_NAME", token_set=True
     )
-    assert failure_message(REVISION_NOT_FOUND, tok, False) == startup_errors.revision_not_found_message(
+    assert failure_message(REVISION_NOT_FOUND, tok, False) == hub_messages.revision_not_found_message(
         "org/tok", "t1", "TOKENIZER_REVISION"
     )
-    assert failure_message(UNAUTHORIZED, Target("org/m", None), True) == startup_errors.unauthorized_message(
+    assert failure_message(UNAUTHORIZED, Target("org/m", None), True) == hub_messages.unauthorized_message(
         "org/m", "MODEL_NAME", token_set=True
     )
 
@@ -250,7 +252,7 @@ def test_missing_local_path_is_answered_with_the_post_crash_sentence() -> None:
     real = (Path(__file__).parents[1] / "support" / "real_texts" / "missing_local_path.txt").read_text()
     env = {"MODEL_NAME": "/nonexistent/path", "HF_HUB_OFFLINE": "1"}
     result = preflight.run(env)
-    after_crash = startup_errors.diagnose(real, env["MODEL_NAME"], env=env)
+    after_crash = startup_errors.diagnose(Failure.of(real, env["MODEL_NAME"], env=env))
     assert (result.ok, result.kind) == (False, "model_path_missing")
     assert after_crash is not None and after_crash.kind == "model_path_missing"
     assert result.message == after_crash.message

@@ -14,6 +14,7 @@ from typing import Mapping, Sequence
 import pytest
 
 from tests.support import vllm_texts as t
+from vllm_worker.diagnosis.verdict import Failure
 from vllm_worker.engine.ladder import MAX_LAUNCHES, Attempt, Relaunch, Stop, next_launch
 from vllm_worker.diagnosis.startup_errors import classify, diagnose
 
@@ -37,7 +38,7 @@ def launch_until_stop(base_env: Mapping[str, str], failures: Sequence[str], max_
     attempts: list[Attempt] = []
     for output in failures:
         run.envs.append(dict(env))
-        diagnosis = diagnose(output, env.get("MODEL_NAME"), env=env, tried=run.tried)
+        diagnosis = diagnose(Failure.of(output, env.get("MODEL_NAME"), env=env, tried=run.tried))
         attempts.append(Attempt(env=dict(env), diagnosis=diagnosis))
         step = next_launch(base_env, attempts, max_concurrency)
         if isinstance(step, Stop):
@@ -55,7 +56,7 @@ def launch_until_stop(base_env: Mapping[str, str], failures: Sequence[str], max_
 
 
 def one(base_env: Mapping[str, str], output: str, max_concurrency: int = 30) -> Relaunch | Stop:
-    diagnosis = diagnose(output, MODEL, env=base_env)
+    diagnosis = diagnose(Failure.of(output, MODEL, env=base_env))
     return next_launch(base_env, [Attempt(env=dict(base_env), diagnosis=diagnosis)], max_concurrency)
 
 
@@ -114,7 +115,7 @@ GiB = 2**30
 def test_unset_batched_tokens_are_capped_only_where_vllms_default_is_larger(
     device_total_bytes: int | None, capped: bool
 ) -> None:
-    diagnosis = diagnose(OOM, MODEL, env=BASE)
+    diagnosis = diagnose(Failure.of(OOM, MODEL, env=BASE))
     step = next_launch(BASE, [Attempt(env=BASE, diagnosis=diagnosis)], 30, device_total_bytes=device_total_bytes)
     assert isinstance(step, Relaunch) and step.profile == "eager"
     assert ("MAX_NUM_BATCHED_TOKENS" in step.overrides) is capped
@@ -126,11 +127,11 @@ def test_unset_batched_tokens_are_capped_only_where_vllms_default_is_larger(
 def test_the_device_size_is_used_when_the_ladder_replays_earlier_steps() -> None:
     env = {**BASE, "MAX_NUM_SEQS": "256"}
     big = 180 * GiB
-    first = diagnose(OOM, MODEL, env=env)
+    first = diagnose(Failure.of(OOM, MODEL, env=env))
     step1 = next_launch(env, [Attempt(env=env, diagnosis=first)], 30, device_total_bytes=big)
     assert isinstance(step1, Relaunch) and step1.profile == "max_num_seqs=32"
     env2 = {**env, **{k: v for k, v in step1.overrides.items() if v is not None}}
-    attempts = [Attempt(env=env, diagnosis=first), Attempt(env=env2, diagnosis=diagnose(OOM, MODEL, env=env2))]
+    attempts = [Attempt(env=env, diagnosis=first), Attempt(env=env2, diagnosis=diagnose(Failure.of(OOM, MODEL, env=env2)))]
     step2 = next_launch(env, attempts, 30, device_total_bytes=big)
     assert isinstance(step2, Relaunch)
     assert step2.overrides == {"MAX_NUM_SEQS": "32", "ENFORCE_EAGER": "true", "MAX_NUM_BATCHED_TOKENS": "8192"}
@@ -145,7 +146,7 @@ def test_never_a_fourth_launch() -> None:
 @pytest.mark.parametrize("max_launches", [1, 2])
 def test_a_smaller_budget_is_respected(max_launches: int) -> None:
     env = {**BASE, "MAX_NUM_SEQS": "256"}
-    attempts = [Attempt(env=env, diagnosis=diagnose(OOM, MODEL))] * max_launches
+    attempts = [Attempt(env=env, diagnosis=diagnose(Failure.of(OOM, MODEL)))] * max_launches
     assert isinstance(next_launch(env, attempts, 30, max_launches=max_launches), Stop)
 
 
@@ -230,7 +231,7 @@ def test_final_message_says_what_ran_and_omits_applied_knobs() -> None:
         "relaunched with ENFORCE_EAGER=true",
     ]
     final_env = run.envs[-1]
-    message = classify(OOM, MODEL, env=final_env, tried=run.tried)
+    message = classify(Failure.of(OOM, MODEL, env=final_env, tried=run.tried))
     assert message is not None
     assert "Already tried: relaunched with MAX_NUM_SEQS=32; relaunched with ENFORCE_EAGER=true." in message
     assert "set ENFORCE_EAGER" not in message and "set MAX_NUM_SEQS" not in message

@@ -12,9 +12,10 @@ import pytest
 
 from tests.support import vllm_texts as t
 from tests.support.vllm_texts import vllm_log
+from vllm_worker.diagnosis.verdict import Failure
 from vllm_worker import main
 from vllm_worker.engine.ladder import MAX_RESTARTS, RESTART_WINDOW_S, restart_allowed, restart_budget_phrase
-from vllm_worker.diagnosis.startup_errors import ENGINE_DEAD_TEXT, RUNTIME_KINDS, SERVING_MARKER, runtime_failure
+from vllm_worker.diagnosis.runtime import ENGINE_DEAD_TEXT, RUNTIME_KINDS, SERVING_MARKER, runtime_failure
 
 # --- the budget ------------------------------------------------------------------------
 
@@ -52,7 +53,7 @@ def test_another_budget() -> None:
 
 
 def test_past_the_budget_the_answer_keeps_the_cause_and_names_the_budget() -> None:
-    cause = runtime_failure("x", {}, exit_code=-9).message
+    cause = runtime_failure(Failure.of("x", env={}, exit_code=-9)).message
     sentence = main.budget_sentence(cause, 4)
     assert sentence.startswith(cause + " ")
     assert "4 times within 30 minutes" in sentence and "3 restarts within 30 minutes" in sentence
@@ -113,7 +114,7 @@ def test_runtime_kinds_are_not_startup_kinds() -> None:
 
 def test_gpu_out_of_memory_while_serving_is_its_own_cause_with_the_limits_that_help() -> None:
     env = {"MODEL_NAME": "acme/m", "MAX_CONCURRENCY": "16", "MAX_NUM_SEQS": "128"}
-    d = runtime_failure(GPU_OOM_SERVING, env, exit_code=1)
+    d = runtime_failure(Failure.of(GPU_OOM_SERVING, env=env, exit_code=1))
     assert d.kind == "runtime_oom" and d.facts == {"device": "GPU", "exit_code": "1"}
     assert d.evidence.startswith("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 3.50 GiB")
     assert d.message == (
@@ -130,7 +131,7 @@ def test_gpu_out_of_memory_while_serving_is_its_own_cause_with_the_limits_that_h
 
 def test_set_limits_are_quoted_as_set() -> None:
     env = {"MAX_NUM_BATCHED_TOKENS": "16384", "MAX_MODEL_LEN": "65536", "MAX_CONCURRENCY": "30"}
-    d = runtime_failure(GPU_OOM_SERVING, env, exit_code=1)
+    d = runtime_failure(Failure.of(GPU_OOM_SERVING, env=env, exit_code=1))
     assert "lower MAX_NUM_BATCHED_TOKENS (now 16384, set), e.g. to 8192," in d.message
     assert "well below the 65536-token context" in d.message
     assert "lower MAX_NUM_SEQS (now 32)" in d.message  # the worker's default for MAX_CONCURRENCY=30
@@ -138,14 +139,14 @@ def test_set_limits_are_quoted_as_set() -> None:
 
 def test_limits_unknown_from_the_tail_get_a_starting_value() -> None:
     tail = "\n".join([vllm_log(f"{SERVING_MARKER} http://127.0.0.1:8000", proc=API), t.CUDA_ERROR_OOM])
-    d = runtime_failure(tail, {}, exit_code=1)
+    d = runtime_failure(Failure.of(tail, env={}, exit_code=1))
     assert d.kind == "runtime_oom"
     assert "set MAX_NUM_BATCHED_TOKENS (e.g. 2048)" in d.message
     assert "well below the context the engine accepts" in d.message
 
 
 def test_cpu_out_of_memory_while_serving() -> None:
-    d = runtime_failure(CPU_OOM_SERVING, {}, exit_code=1)
+    d = runtime_failure(Failure.of(CPU_OOM_SERVING, env={}, exit_code=1))
     assert d.kind == "runtime_oom" and d.facts["device"] == "CPU"
     assert d.message.startswith(
         "The engine ran out of CPU memory while serving requests (one allocation of 6.0 GiB failed) and stopped."
@@ -154,7 +155,7 @@ def test_cpu_out_of_memory_while_serving() -> None:
 
 def test_startup_lines_that_mention_memory_do_not_make_a_kill_an_oom() -> None:
     # SUCCESS_GPU mentions OOM-ish wordings ("--gpu-memory-utilization", "Free memory on device"); they came before serving.
-    d = runtime_failure(STARTED, {}, exit_code=-9)
+    d = runtime_failure(Failure.of(STARTED, env={}, exit_code=-9))
     assert d.kind == "engine_died"
     assert d.message == "The engine was killed by signal 9 (SIGKILL) while serving requests."
     assert d.facts == {"exit_code": "-9"}
@@ -162,11 +163,11 @@ def test_startup_lines_that_mention_memory_do_not_make_a_kill_an_oom() -> None:
 
 def test_an_out_of_memory_during_startup_above_the_marker_is_not_a_runtime_oom() -> None:
     tail = "\n".join([t.TORCH_OOM, vllm_log(f"{SERVING_MARKER} http://127.0.0.1:8000", proc=API)])
-    assert runtime_failure(tail, {}, exit_code=-15).kind == "engine_died"
+    assert runtime_failure(Failure.of(tail, env={}, exit_code=-15)).kind == "engine_died"
 
 
 def test_another_failure_names_the_exit_and_vllms_root_line_not_the_dead_engine_text() -> None:
-    d = runtime_failure(died_serving("AssertionError: block table out of range"), {}, exit_code=1)
+    d = runtime_failure(Failure.of(died_serving("AssertionError: block table out of range"), env={}, exit_code=1))
     assert d.kind == "engine_died"
     assert d.message == (
         "The engine exited with code 1 while serving requests; "
@@ -175,7 +176,7 @@ def test_another_failure_names_the_exit_and_vllms_root_line_not_the_dead_engine_
 
 
 def test_alive_but_dead_is_named_by_its_health_answer() -> None:
-    d = runtime_failure(died_serving("RuntimeError: NCCL communicator was aborted"), {}, exit_code=None)
+    d = runtime_failure(Failure.of(died_serving("RuntimeError: NCCL communicator was aborted"), env={}, exit_code=None))
     assert d.message == (
         "The engine reported itself dead (its /health answered 503, EngineDeadError) while serving requests; "
         "its last error was: RuntimeError: NCCL communicator was aborted."
@@ -184,18 +185,18 @@ def test_alive_but_dead_is_named_by_its_health_answer() -> None:
 
 
 def test_an_unknown_signal_number_is_still_named() -> None:
-    assert runtime_failure("", {}, exit_code=-99).message == "The engine was killed by signal 99 while serving requests."
+    assert runtime_failure(Failure.of("", env={}, exit_code=-99)).message == "The engine was killed by signal 99 while serving requests."
 
 
 def test_a_secret_in_the_engines_last_words_is_masked() -> None:
     token = "hf_abcdefghijklmnop"
     tail = died_serving(f"ValueError: bad header Authorization: Bearer {token}")
-    d = runtime_failure(tail, {"HF_TOKEN": token}, exit_code=1)
+    d = runtime_failure(Failure.of(tail, env={"HF_TOKEN": token}, exit_code=1))
     assert token not in d.message and token not in d.evidence
     assert "Bearer ***" in d.message
 
 
 def test_in_flight_jobs_are_told_the_cause_and_that_the_engine_restarts() -> None:
-    sentence = f"{runtime_failure(GPU_OOM_SERVING, {}, exit_code=1).message} {main.RESTARTING}"
+    sentence = f"{runtime_failure(Failure.of(GPU_OOM_SERVING, env={}, exit_code=1)).message} {main.RESTARTING}"
     assert sentence.endswith("The worker is restarting the engine with the same settings; retry the request.")
     assert "\n" not in sentence

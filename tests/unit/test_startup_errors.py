@@ -14,6 +14,10 @@ from pathlib import Path
 import pytest
 
 from tests.support import vllm_texts as t
+from vllm_worker.diagnosis import runtime
+from vllm_worker.diagnosis import hub_messages
+from vllm_worker.diagnosis import verdict
+from vllm_worker.diagnosis.verdict import Failure
 from vllm_worker.diagnosis import startup_errors
 from vllm_worker.model.preflight import GATED_REPO, REPO_NOT_FOUND, REVISION_NOT_FOUND, UNAUTHORIZED, Target, failure_message
 from vllm_worker.diagnosis.startup_errors import KINDS, classify, diagnose, memory_held, memory_shortfall
@@ -71,7 +75,7 @@ TRANSIENT = {"UNKNOWN_FAILURE": "host_fault", "HUB_UNREACHABLE": "hub_unreachabl
 @pytest.mark.parametrize("name,detail", sorted(MEMORY_SHORTFALL.items()))
 def test_memory_shortfall_wordings(name: str, detail: str) -> None:
     text = getattr(t, name)
-    diagnosis = diagnose(text, MODEL)
+    diagnosis = diagnose(Failure.of(text, MODEL))
     assert diagnosis is not None
     assert (diagnosis.kind, diagnosis.detail) == ("memory_shortfall", detail)
     assert memory_shortfall(text)
@@ -81,16 +85,16 @@ def test_memory_shortfall_wordings(name: str, detail: str) -> None:
 @pytest.mark.parametrize("name,kind", sorted(OTHER_CAUSES.items()))
 def test_other_causes(name: str, kind: str) -> None:
     text = getattr(t, name)
-    diagnosis = diagnose(text, MODEL, exit_code=2 if name.startswith("ARGPARSE") else 1)
+    diagnosis = diagnose(Failure.of(text, MODEL, exit_code=2 if name.startswith("ARGPARSE") else 1))
     assert diagnosis is not None
     assert diagnosis.kind == kind
     assert not memory_shortfall(text)
-    assert diagnosis.message == classify(text, MODEL, exit_code=2 if name.startswith("ARGPARSE") else 1)
+    assert diagnosis.message == classify(Failure.of(text, MODEL, exit_code=2 if name.startswith("ARGPARSE") else 1))
 
 
 @pytest.mark.parametrize("name", sorted([*MEMORY_SHORTFALL, *OTHER_CAUSES]))
 def test_every_diagnosis_is_a_documented_kind_with_evidence(name: str) -> None:
-    diagnosis = diagnose(getattr(t, name), MODEL)
+    diagnosis = diagnose(Failure.of(getattr(t, name), MODEL))
     assert diagnosis is not None and diagnosis.kind in KINDS
     # Evidence is the line that gave the cause away, without vLLM's log prefix.
     assert diagnosis.evidence and "pid=" not in diagnosis.evidence
@@ -100,8 +104,8 @@ def test_every_diagnosis_is_a_documented_kind_with_evidence(name: str) -> None:
 @pytest.mark.parametrize("name", NOT_CLASSIFIED)
 def test_success_noise_and_unknown_are_not_classified(name: str) -> None:
     text = getattr(t, name)
-    assert diagnose(text, MODEL) is None
-    assert classify(text, MODEL) is None
+    assert diagnose(Failure.of(text, MODEL)) is None
+    assert classify(Failure.of(text, MODEL)) is None
     assert not memory_shortfall(text)
     assert not memory_held(text)
 
@@ -109,21 +113,21 @@ def test_success_noise_and_unknown_are_not_classified(name: str) -> None:
 @pytest.mark.parametrize("name,kind", sorted(TRANSIENT.items()))
 def test_faults_that_may_pass_are_named_and_never_memory(name: str, kind: str) -> None:
     text = getattr(t, name)
-    diagnosis = diagnose(text, MODEL, exit_code=1)
+    diagnosis = diagnose(Failure.of(text, MODEL, exit_code=1))
     assert diagnosis is not None and diagnosis.kind == kind
-    assert kind in startup_errors.TRANSIENT_KINDS
+    assert kind in verdict.TRANSIENT_KINDS
     assert not memory_shortfall(text) and "out of memory" not in diagnosis.message
 
 
 def test_empty_output_is_not_classified() -> None:
-    assert diagnose("") is None
+    assert diagnose(Failure.of("")) is None
 
 
 def test_success_info_lines_around_a_failure_do_not_change_the_cause() -> None:
     # A relaunch's output holds a healthy-looking prefix (the "Free memory on device (" INFO line,
     # KV cache size, "to avoid OOM") before the real failure.
     text = t.SUCCESS_GPU + "\n" + t.TRUST_REMOTE_CODE
-    diagnosis = diagnose(text, MODEL)
+    diagnosis = diagnose(Failure.of(text, MODEL))
     assert diagnosis is not None and diagnosis.kind == "trust_remote_code"
 
 
@@ -133,7 +137,7 @@ def test_root_cause_is_found_above_the_secondary_noise(name: str) -> None:
     last = text.strip().splitlines()[-1]
     assert "Engine core initialization failed" in last
     assert "EngineCore failed to start." in text
-    diagnosis = diagnose(text, MODEL)
+    diagnosis = diagnose(Failure.of(text, MODEL))
     assert diagnosis is not None
     assert "Engine" not in diagnosis.evidence
 
@@ -146,7 +150,7 @@ def test_a_hub_warning_earlier_does_not_hide_a_later_memory_failure() -> None:
         where="repo_utils.py:410",
         proc="APIServer pid=1",
     )
-    diagnosis = diagnose(warning + "\n" + t.NO_CACHE_BLOCKS, MODEL)
+    diagnosis = diagnose(Failure.of(warning + "\n" + t.NO_CACHE_BLOCKS, MODEL))
     assert diagnosis is not None and diagnosis.kind == "memory_shortfall"
 
 
@@ -154,7 +158,7 @@ def test_a_hub_warning_earlier_does_not_hide_a_later_memory_failure() -> None:
 
 
 def test_kv_too_small_with_estimate_gives_the_length_that_fits() -> None:
-    diagnosis = diagnose(t.KV_TOO_SMALL_WITH_ESTIMATE, MODEL, env={"MODEL_NAME": MODEL})
+    diagnosis = diagnose(Failure.of(t.KV_TOO_SMALL_WITH_ESTIMATE, MODEL, env={"MODEL_NAME": MODEL}))
     assert diagnosis is not None
     assert diagnosis.estimated_max_len == 77392
     assert "this GPU can serve about 77392 tokens; set MAX_MODEL_LEN <= 77392" in diagnosis.message
@@ -164,12 +168,12 @@ def test_kv_too_small_with_estimate_gives_the_length_that_fits() -> None:
 
 def test_kv_too_small_names_an_explicit_max_model_len() -> None:
     env = {"MODEL_NAME": MODEL, "MAX_MODEL_LEN": "131072"}
-    message = classify(t.KV_TOO_SMALL_WITH_ESTIMATE, MODEL, env=env)
+    message = classify(Failure.of(t.KV_TOO_SMALL_WITH_ESTIMATE, MODEL, env=env))
     assert message is not None and "at MAX_MODEL_LEN=131072" in message
 
 
 def test_kv_too_small_without_estimate_has_no_made_up_number() -> None:
-    diagnosis = diagnose(t.KV_TOO_SMALL_NO_ESTIMATE, MODEL, env={"MAX_MODEL_LEN": "32768"})
+    diagnosis = diagnose(Failure.of(t.KV_TOO_SMALL_NO_ESTIMATE, MODEL, env={"MAX_MODEL_LEN": "32768"}))
     assert diagnosis is not None
     assert diagnosis.estimated_max_len is None
     assert "can serve about" not in diagnosis.message
@@ -178,14 +182,14 @@ def test_kv_too_small_without_estimate_has_no_made_up_number() -> None:
 
 def test_fresh_failure_lists_every_knob_that_is_still_loose() -> None:
     env = {"MODEL_NAME": MODEL, "MAX_NUM_SEQS": "256", "MAX_CONCURRENCY": "30"}
-    message = classify(t.KV_TOO_SMALL_WITH_ESTIMATE, MODEL, env=env)
+    message = classify(Failure.of(t.KV_TOO_SMALL_WITH_ESTIMATE, MODEL, env=env))
     assert message is not None
     assert "set MAX_NUM_SEQS=32" in message
     assert "set ENFORCE_EAGER=true" in message
     # Unset, vLLM's default (2048 on most cards) is already below the 8192 cap.
     assert "MAX_NUM_BATCHED_TOKENS" not in message
     assert "Already tried" not in message
-    looser = classify(t.KV_TOO_SMALL_WITH_ESTIMATE, MODEL, env={**env, "MAX_NUM_BATCHED_TOKENS": "16384"})
+    looser = classify(Failure.of(t.KV_TOO_SMALL_WITH_ESTIMATE, MODEL, env={**env, "MAX_NUM_BATCHED_TOKENS": "16384"}))
     assert looser is not None and "lower MAX_NUM_BATCHED_TOKENS to 8192 (now 16384)" in looser
 
 
@@ -200,7 +204,7 @@ def test_message_after_both_relaunches_says_what_ran_and_lists_only_what_remains
         "ENFORCE_EAGER": "true",
         "MAX_NUM_BATCHED_TOKENS": "8192",
     }
-    message = classify(t.KV_TOO_SMALL_WITH_ESTIMATE, MODEL, env=env, tried=tried)
+    message = classify(Failure.of(t.KV_TOO_SMALL_WITH_ESTIMATE, MODEL, env=env, tried=tried))
     assert message is not None
     assert f"Already tried: {tried[0]}; {tried[1]}." in message
     for applied in ("set MAX_NUM_SEQS", "set ENFORCE_EAGER", "set MAX_NUM_BATCHED_TOKENS"):
@@ -210,7 +214,7 @@ def test_message_after_both_relaunches_says_what_ran_and_lists_only_what_remains
 
 
 def test_a_knob_named_in_tried_is_not_suggested_even_if_env_lacks_it() -> None:
-    message = classify(t.NO_CACHE_BLOCKS, MODEL, env={}, tried=["relaunched with ENFORCE_EAGER=true and MAX_NUM_BATCHED_TOKENS=8192"])
+    message = classify(Failure.of(t.NO_CACHE_BLOCKS, MODEL, env={}, tried=["relaunched with ENFORCE_EAGER=true and MAX_NUM_BATCHED_TOKENS=8192"]))
     assert message is not None
     assert "set ENFORCE_EAGER" not in message and "set MAX_NUM_BATCHED_TOKENS" not in message
 
@@ -226,7 +230,7 @@ def test_a_knob_named_in_tried_is_not_suggested_even_if_env_lacks_it() -> None:
     ],
 )
 def test_batched_tokens_suggested_only_when_above_8192(env: dict[str, str], expected: bool) -> None:
-    message = classify(t.NO_CACHE_BLOCKS, MODEL, env=env)
+    message = classify(Failure.of(t.NO_CACHE_BLOCKS, MODEL, env=env))
     assert message is not None
     assert ("MAX_NUM_BATCHED_TOKENS" in message) is expected
     assert "set MAX_NUM_BATCHED_TOKENS=8192" not in message
@@ -244,7 +248,7 @@ def test_batched_tokens_suggested_only_when_above_8192(env: dict[str, str], expe
     ],
 )
 def test_eager_suggested_only_when_not_already_on(env: dict[str, str], expected: bool) -> None:
-    message = classify(t.NO_CACHE_BLOCKS, MODEL, env=env)
+    message = classify(Failure.of(t.NO_CACHE_BLOCKS, MODEL, env=env))
     assert message is not None
     assert ("set ENFORCE_EAGER=true" in message) is expected
 
@@ -262,37 +266,37 @@ def test_eager_suggested_only_when_not_already_on(env: dict[str, str], expected:
     ],
 )
 def test_max_num_seqs_suggested_only_above_concurrency(env: dict[str, str], expected: bool) -> None:
-    message = classify(t.TORCH_OOM, MODEL, env=env)
+    message = classify(Failure.of(t.TORCH_OOM, MODEL, env=env))
     assert message is not None
     assert ("set MAX_NUM_SEQS=" in message) is expected
 
 
 def test_utilization_advice_never_points_at_a_value_already_there() -> None:
-    assert "raise GPU_MEMORY_UTILIZATION from 0.92 to 0.95" in (classify(t.NO_CACHE_BLOCKS, MODEL, env={}) or "")
-    message = classify(t.NO_CACHE_BLOCKS, MODEL, env={"GPU_MEMORY_UTILIZATION": "0.95"})
+    assert "raise GPU_MEMORY_UTILIZATION from 0.92 to 0.95" in (classify(Failure.of(t.NO_CACHE_BLOCKS, MODEL, env={})) or "")
+    message = classify(Failure.of(t.NO_CACHE_BLOCKS, MODEL, env={"GPU_MEMORY_UTILIZATION": "0.95"}))
     assert message is not None and "GPU_MEMORY_UTILIZATION" not in message
 
 
 def test_kv_dtype_advice_only_when_kv_cache_is_not_already_fp8() -> None:
-    assert "KV_CACHE_DTYPE=fp8" in (classify(t.KV_TOO_SMALL_WITH_ESTIMATE, MODEL, env={}) or "")
-    assert "KV_CACHE_DTYPE" not in (classify(t.KV_TOO_SMALL_WITH_ESTIMATE, MODEL, env={"KV_CACHE_DTYPE": "fp8"}) or "")
+    assert "KV_CACHE_DTYPE=fp8" in (classify(Failure.of(t.KV_TOO_SMALL_WITH_ESTIMATE, MODEL, env={})) or "")
+    assert "KV_CACHE_DTYPE" not in (classify(Failure.of(t.KV_TOO_SMALL_WITH_ESTIMATE, MODEL, env={"KV_CACHE_DTYPE": "fp8"})) or "")
 
 
 def test_cannot_auto_fit_is_a_memory_shortfall() -> None:
     # Under MAX_MODEL_LEN=auto this check runs before "No available memory for the cache blocks".
-    diagnosis = diagnose(t.CANNOT_AUTO_FIT, MODEL, env={"MAX_MODEL_LEN": "auto"})
+    diagnosis = diagnose(Failure.of(t.CANNOT_AUTO_FIT, MODEL, env={"MAX_MODEL_LEN": "auto"}))
     assert diagnosis is not None and diagnosis.kind == "memory_shortfall"
     assert "MAX_MODEL_LEN=auto could not fit even one token" in diagnosis.message
 
 
 def test_sampler_warmup_names_the_batch_and_the_knob() -> None:
-    message = classify(t.SAMPLER_WARMUP_OOM, MODEL, env={"MAX_NUM_SEQS": "256"})
+    message = classify(Failure.of(t.SAMPLER_WARMUP_OOM, MODEL, env={"MAX_NUM_SEQS": "256"}))
     assert message is not None
     assert "256 sequences" in message and "set MAX_NUM_SEQS=32" in message
 
 
 def test_weights_that_do_not_fit_get_no_batch_or_graph_advice() -> None:
-    message = classify(t.TORCH_OOM_AT_LOAD, MODEL, env={"MAX_NUM_SEQS": "256"})
+    message = classify(Failure.of(t.TORCH_OOM_AT_LOAD, MODEL, env={"MAX_NUM_SEQS": "256"}))
     assert message is not None
     assert "loading its weights" in message
     for knob in ("MAX_NUM_SEQS", "ENFORCE_EAGER", "MAX_NUM_BATCHED_TOKENS", "MAX_MODEL_LEN"):
@@ -306,7 +310,7 @@ def test_weights_that_do_not_fit_get_no_batch_or_graph_advice() -> None:
 @pytest.mark.parametrize("name", ["FREE_MEMORY_LESS_THAN_DESIRED", "FREE_MEMORY_LESS_THAN_BUDGET", "CPU_AVAILABLE_LESS_THAN_DESIRED"])
 def test_memory_held_is_not_a_sizing_problem(name: str) -> None:
     text = getattr(t, name)
-    diagnosis = diagnose(text, MODEL, env={"GPU_MEMORY_UTILIZATION": "0.92"})
+    diagnosis = diagnose(Failure.of(text, MODEL, env={"GPU_MEMORY_UTILIZATION": "0.92"}))
     assert diagnosis is not None and diagnosis.kind == "memory_held"
     assert memory_held(text) and not memory_shortfall(text)
     assert "GPU_MEMORY_UTILIZATION" not in diagnosis.message
@@ -314,25 +318,25 @@ def test_memory_held_is_not_a_sizing_problem(name: str) -> None:
 
 
 def test_memory_held_message_gives_the_numbers() -> None:
-    message = classify(t.FREE_MEMORY_LESS_THAN_DESIRED, MODEL)
+    message = classify(Failure.of(t.FREE_MEMORY_LESS_THAN_DESIRED, MODEL))
     assert message is not None
     assert "only 10.48 of 79.19 GiB was free on GPU cuda:0" in message and "72.85 GiB" in message
 
 
 def test_memory_held_message_says_the_wait_already_ran() -> None:
     tried = ["waited for the memory to be released and relaunched with the same settings"]
-    message = classify(t.FREE_MEMORY_LESS_THAN_DESIRED, MODEL, tried=tried)
+    message = classify(Failure.of(t.FREE_MEMORY_LESS_THAN_DESIRED, MODEL, tried=tried))
     assert message is not None and f"Already tried: {tried[0]}." in message
 
 
 def test_the_info_line_of_a_successful_start_is_not_memory_held() -> None:
     info = [line for line in t.SUCCESS_GPU.splitlines() if "Free memory on device (" in line]
     assert len(info) == 1
-    assert diagnose(info[0]) is None
+    assert diagnose(Failure.of(info[0])) is None
 
 
 def test_profiling_race_message() -> None:
-    diagnosis = diagnose(t.PROFILING_RACE, MODEL)
+    diagnosis = diagnose(Failure.of(t.PROFILING_RACE, MODEL))
     assert diagnosis is not None
     assert "from 61.2 to 63.71 GiB" in diagnosis.message
     assert "GPU_MEMORY_UTILIZATION" not in diagnosis.message
@@ -342,7 +346,7 @@ def test_profiling_race_message() -> None:
 
 
 def test_max_model_len_above_the_model_limit() -> None:
-    diagnosis = diagnose(t.MAX_MODEL_LEN_TOO_LARGE, MODEL, env={"MAX_MODEL_LEN": "200000"})
+    diagnosis = diagnose(Failure.of(t.MAX_MODEL_LEN_TOO_LARGE, MODEL, env={"MAX_MODEL_LEN": "200000"}))
     assert diagnosis is not None
     assert (diagnosis.variable, diagnosis.value) == ("MAX_MODEL_LEN", "200000")
     assert "MAX_MODEL_LEN=200000" in diagnosis.message
@@ -351,48 +355,48 @@ def test_max_model_len_above_the_model_limit() -> None:
 
 
 def test_argparse_invalid_value_names_the_variable_and_value() -> None:
-    diagnosis = diagnose(t.ARGPARSE_INVALID_INT, MODEL, exit_code=2, env={"MAX_NUM_SEQS": "abc"})
+    diagnosis = diagnose(Failure.of(t.ARGPARSE_INVALID_INT, MODEL, exit_code=2, env={"MAX_NUM_SEQS": "abc"}))
     assert diagnosis is not None
     assert (diagnosis.variable, diagnosis.value) == ("MAX_NUM_SEQS", "abc")
     assert "MAX_NUM_SEQS='abc'" in diagnosis.message and "invalid int value" in diagnosis.message
 
 
 def test_argparse_invalid_choice_lists_the_choices() -> None:
-    message = classify(t.ARGPARSE_INVALID_CHOICE, MODEL, exit_code=2, env={"DTYPE": "float7"})
+    message = classify(Failure.of(t.ARGPARSE_INVALID_CHOICE, MODEL, exit_code=2, env={"DTYPE": "float7"}))
     assert message is not None
     assert "DTYPE='float7'" in message and "'bfloat16'" in message
 
 
 def test_unrecognized_arguments_point_at_vllm_extra_args() -> None:
     env = {"VLLM_EXTRA_ARGS": "--bogus-flag 1"}
-    diagnosis = diagnose(t.ARGPARSE_UNRECOGNIZED, MODEL, exit_code=2, env=env)
+    diagnosis = diagnose(Failure.of(t.ARGPARSE_UNRECOGNIZED, MODEL, exit_code=2, env=env))
     assert diagnosis is not None
     assert "--bogus-flag 1" in diagnosis.message and "VLLM_EXTRA_ARGS" in diagnosis.message
 
 
 def test_pydantic_field_error_names_the_variable() -> None:
-    diagnosis = diagnose(t.PYDANTIC_FIELD_ERROR, MODEL, env={"GPU_MEMORY_UTILIZATION": "1.5"})
+    diagnosis = diagnose(Failure.of(t.PYDANTIC_FIELD_ERROR, MODEL, env={"GPU_MEMORY_UTILIZATION": "1.5"}))
     assert diagnosis is not None
     assert (diagnosis.variable, diagnosis.value) == ("GPU_MEMORY_UTILIZATION", "1.5")
     assert "less than or equal to 1" in diagnosis.message
 
 
 def test_architecture_messages_name_the_architecture() -> None:
-    assert "FooBarForCausalLM" in (classify(t.UNSUPPORTED_ARCHITECTURE, MODEL) or "")
-    assert "v0.10.2" in (classify(t.PREVIOUSLY_SUPPORTED_ARCHITECTURE, MODEL) or "")
-    assert "'acme_unknown'" in (classify(t.UNKNOWN_MODEL_TYPE, MODEL) or "")
+    assert "FooBarForCausalLM" in (classify(Failure.of(t.UNSUPPORTED_ARCHITECTURE, MODEL)) or "")
+    assert "v0.10.2" in (classify(Failure.of(t.PREVIOUSLY_SUPPORTED_ARCHITECTURE, MODEL)) or "")
+    assert "'acme_unknown'" in (classify(Failure.of(t.UNKNOWN_MODEL_TYPE, MODEL)) or "")
     # The supported list vLLM prints is hundreds of names long; the message is not.
-    assert len(classify(t.UNSUPPORTED_ARCHITECTURE, MODEL) or "") < 400
+    assert len(classify(Failure.of(t.UNSUPPORTED_ARCHITECTURE, MODEL)) or "") < 400
 
 
 def test_trust_remote_code_fix_only_when_not_already_set() -> None:
-    assert "set TRUST_REMOTE_CODE=true" in (classify(t.TRUST_REMOTE_CODE, MODEL) or "")
-    message = classify(t.TRUST_REMOTE_CODE, MODEL, env={"TRUST_REMOTE_CODE": "true"})
+    assert "set TRUST_REMOTE_CODE=true" in (classify(Failure.of(t.TRUST_REMOTE_CODE, MODEL)) or "")
+    message = classify(Failure.of(t.TRUST_REMOTE_CODE, MODEL, env={"TRUST_REMOTE_CODE": "true"}))
     assert message is not None and "set TRUST_REMOTE_CODE=true" not in message
 
 
 def test_disk_full_names_the_path() -> None:
-    diagnosis = diagnose(t.DISK_FULL, MODEL)
+    diagnosis = diagnose(Failure.of(t.DISK_FULL, MODEL))
     assert diagnosis is not None
     assert "/root/.cache/huggingface/hub/models--acme--big-model" in diagnosis.message
     assert "larger container disk" in diagnosis.message
@@ -404,9 +408,9 @@ def test_disk_full_names_the_path() -> None:
 def test_repo_not_found_reads_like_the_preflight() -> None:
     for text in (t.REPO_NOT_FOUND, t.REPO_NOT_FOUND_401):
         expected = failure_message(REPO_NOT_FOUND, Target("acme/missing-model", None), False)
-        assert classify(text, "acme/missing-model") == expected
+        assert classify(Failure.of(text, "acme/missing-model")) == expected
         # The repository comes from the log when the caller does not pass one.
-        assert classify(text) == expected
+        assert classify(Failure.of(text)) == expected
 
 
 @pytest.mark.parametrize("token_set", [False, True])
@@ -414,20 +418,20 @@ def test_gated_repo_reads_like_the_preflight(token_set: bool) -> None:
     env = {"HF_TOKEN": "hf_0123456789abcdef"} if token_set else {}
     expected = failure_message(GATED_REPO, Target("acme/gated-model", None), token_set)
     text = t.GATED_REPO_403 if token_set else t.GATED_REPO
-    assert classify(text, "acme/gated-model", env=env) == expected
+    assert classify(Failure.of(text, "acme/gated-model", env=env)) == expected
 
 
 def test_revision_not_found_reads_like_the_preflight() -> None:
     revision = "0123456789abcdef0123456789abcdef01234567"
     env = {"MODEL_NAME": "acme/gone-model", "MODEL_REVISION": revision}
-    diagnosis = diagnose(t.REVISION_NOT_FOUND, "acme/gone-model", revision=revision, env=env)
+    diagnosis = diagnose(Failure.of(t.REVISION_NOT_FOUND, "acme/gone-model", revision=revision, env=env))
     assert diagnosis is not None
     assert diagnosis.message == failure_message(REVISION_NOT_FOUND, Target("acme/gone-model", revision), False)
     assert (diagnosis.repo, diagnosis.revision) == ("acme/gone-model", revision)
 
 
 def test_revision_pinned_by_vllm_itself_is_not_blamed_on_model_revision() -> None:
-    message = classify(t.REVISION_NOT_FOUND, "acme/gone-model", env={"MODEL_NAME": "acme/gone-model"})
+    message = classify(Failure.of(t.REVISION_NOT_FOUND, "acme/gone-model", env={"MODEL_NAME": "acme/gone-model"}))
     assert message is not None
     assert "MODEL_REVISION=" not in message and "disappeared" in message
 
@@ -435,30 +439,30 @@ def test_revision_pinned_by_vllm_itself_is_not_blamed_on_model_revision() -> Non
 def test_unauthorized_reads_like_the_preflight() -> None:
     env = {"HF_TOKEN": "hf_0123456789abcdef"}
     expected = failure_message(UNAUTHORIZED, Target("acme/some-model", None), True)
-    assert classify(t.UNAUTHORIZED, "acme/some-model", env=env) == expected
+    assert classify(Failure.of(t.UNAUTHORIZED, "acme/some-model", env=env)) == expected
 
 
 def test_the_log_names_the_repo_else_the_caller_does() -> None:
     only_status = "Invalid credentials in Authorization header"
-    assert classify(only_status, "acme/passed") == startup_errors.unauthorized_message("acme/passed")
+    assert classify(Failure.of(only_status, "acme/passed")) == hub_messages.unauthorized_message("acme/passed")
 
 
 def test_a_failing_tokenizer_repo_is_named_by_its_own_variable() -> None:
     env = {"MODEL_NAME": "acme/m", "TOKENIZER_NAME": "acme/missing-model"}
-    message = classify(t.REPO_NOT_FOUND, "acme/m", env=env)
-    assert message == startup_errors.repo_not_found_message("acme/missing-model", "TOKENIZER_NAME")
+    message = classify(Failure.of(t.REPO_NOT_FOUND, "acme/m", env=env))
+    assert message == hub_messages.repo_not_found_message("acme/missing-model", "TOKENIZER_NAME")
 
 
 def test_the_repository_is_read_from_every_hub_wording() -> None:
-    assert (diagnose(t.GATED_REPO_HAS_FILE) or pytest.fail()).repo == "acme/gated-model"
-    assert (diagnose(t.REPO_NOT_FOUND_HAS_FILE) or pytest.fail()).repo == "acme/missing-model"
-    assert (diagnose(t.UNAUTHORIZED) or pytest.fail()).repo == "acme/some-model"
+    assert (diagnose(Failure.of(t.GATED_REPO_HAS_FILE)) or pytest.fail()).repo == "acme/gated-model"
+    assert (diagnose(Failure.of(t.REPO_NOT_FOUND_HAS_FILE)) or pytest.fail()).repo == "acme/missing-model"
+    assert (diagnose(Failure.of(t.UNAUTHORIZED)) or pytest.fail()).repo == "acme/some-model"
 
 
 def test_a_401_inside_a_gated_or_missing_repo_chain_is_not_unauthorized() -> None:
     assert "'401 Unauthorized'" in t.GATED_REPO and "401 Client Error" in t.REPO_NOT_FOUND_401
-    assert (diagnose(t.GATED_REPO) or pytest.fail()).kind == "gated_repo"
-    assert (diagnose(t.REPO_NOT_FOUND_401) or pytest.fail()).kind == "repo_not_found"
+    assert (diagnose(Failure.of(t.GATED_REPO)) or pytest.fail()).kind == "gated_repo"
+    assert (diagnose(Failure.of(t.REPO_NOT_FOUND_401)) or pytest.fail()).kind == "repo_not_found"
 
 
 def test_a_bare_401_line_after_the_specific_one_does_not_win() -> None:
@@ -470,10 +474,10 @@ def test_a_bare_401_line_after_the_specific_one_does_not_win() -> None:
         proc="APIServer pid=1",
     )
     for text, kind in ((t.GATED_REPO, "gated_repo"), (t.REPO_NOT_FOUND_401, "repo_not_found")):
-        diagnosis = diagnose(text + "\n" + status_again)
+        diagnosis = diagnose(Failure.of(text + "\n" + status_again))
         assert diagnosis is not None and diagnosis.kind == kind
     # Alone, the status line is all there is to go on.
-    alone = diagnose(status_again, "acme/m")
+    alone = diagnose(Failure.of(status_again, "acme/m"))
     assert alone is not None and alone.kind == "unauthorized"
 
 
@@ -486,7 +490,7 @@ TOKEN = "hf_SuperSecretValue123"
 @pytest.mark.parametrize("name", sorted([*MEMORY_SHORTFALL, *OTHER_CAUSES]))
 def test_hf_token_value_never_appears(name: str) -> None:
     env = {"HF_TOKEN": TOKEN, "MODEL_NAME": MODEL}
-    diagnosis = diagnose(getattr(t, name), MODEL, env=env)
+    diagnosis = diagnose(Failure.of(getattr(t, name), MODEL, env=env))
     assert diagnosis is not None
     assert TOKEN not in diagnosis.message and TOKEN not in diagnosis.evidence
 
@@ -494,7 +498,7 @@ def test_hf_token_value_never_appears(name: str) -> None:
 def test_a_secret_echoed_by_argparse_is_masked() -> None:
     text = f"usage: vllm serve [model_tag] [options]\nvllm: error: unrecognized arguments: --api-key {TOKEN}"
     env = {"HF_TOKEN": TOKEN, "VLLM_EXTRA_ARGS": f"--api-key {TOKEN}"}
-    diagnosis = diagnose(text, MODEL, exit_code=2, env=env)
+    diagnosis = diagnose(Failure.of(text, MODEL, exit_code=2, env=env))
     assert diagnosis is not None
     assert TOKEN not in diagnosis.message and TOKEN not in diagnosis.evidence and TOKEN not in str(diagnosis.value)
     assert "***" in diagnosis.message
@@ -502,7 +506,7 @@ def test_a_secret_echoed_by_argparse_is_masked() -> None:
 
 def test_values_of_ordinary_variables_are_not_mistaken_for_secrets() -> None:
     env = {"MAX_NUM_BATCHED_TOKENS": "16384", "TOKENIZER_NAME": "acme/tok"}
-    message = classify(t.NO_CACHE_BLOCKS, MODEL, env=env)
+    message = classify(Failure.of(t.NO_CACHE_BLOCKS, MODEL, env=env))
     assert message is not None and "(now 16384)" in message
 
 
@@ -524,7 +528,7 @@ def real(name: str) -> str:
 )
 def test_a_real_cpu_kv_shortfall_with_a_fixed_kv_size_names_the_cpu_and_that_size(case: str, kv: str, length: str) -> None:
     env = {**REAL_ENV, "KV_CACHE_MEMORY_BYTES": kv, "MAX_MODEL_LEN": length, "MAX_NUM_SEQS": "256", "MAX_NUM_BATCHED_TOKENS": "16384"}
-    diagnosis = diagnose(real(case), env=env)
+    diagnosis = diagnose(Failure.of(real(case), env=env))
 
     assert diagnosis is not None and (diagnosis.kind, diagnosis.detail) == ("memory_shortfall", case)
     assert diagnosis.facts["device"] == "CPU"
@@ -543,7 +547,7 @@ def test_a_real_cpu_kv_shortfall_with_a_fixed_kv_size_names_the_cpu_and_that_siz
 
 def test_a_real_cpu_kv_too_small_gives_the_length_that_fits_its_kv_size() -> None:
     env = {**REAL_ENV, "KV_CACHE_MEMORY_BYTES": "262144", "MAX_MODEL_LEN": "512"}
-    diagnosis = diagnose(real("kv_too_small"), env=env)
+    diagnosis = diagnose(Failure.of(real("kv_too_small"), env=env))
     assert diagnosis is not None and diagnosis.estimated_max_len == 128
     assert diagnosis.message.startswith(f"MODEL_NAME={TINY!r} does not fit in the CPU KV cache set by KV_CACHE_MEMORY_BYTES=262144")
     assert "at MAX_MODEL_LEN=512: one full-length sequence needs more KV cache than that" in diagnosis.message
@@ -553,7 +557,7 @@ def test_a_real_cpu_kv_too_small_gives_the_length_that_fits_its_kv_size() -> Non
 def test_the_cpu_engine_is_recognised_from_its_output_alone() -> None:
     # No env at all: vLLM's own lines (device_config=cpu, "GiB for KV cache on node 0") tell.
     for case in ("kv_too_small", "no_kv_memory", "auto_fit"):
-        diagnosis = diagnose(real(case))
+        diagnosis = diagnose(Failure.of(real(case)))
         assert diagnosis is not None and diagnosis.facts["device"] == "CPU", case
         assert "GPU" not in diagnosis.message, case
         assert "KV_CACHE_MEMORY_BYTES or VLLM_CPU_KVCACHE_SPACE" in diagnosis.message
@@ -561,28 +565,28 @@ def test_the_cpu_engine_is_recognised_from_its_output_alone() -> None:
 
 @pytest.mark.parametrize("name", [*MEMORY_SHORTFALL])
 def test_gpu_texts_are_never_taken_for_the_cpu_engine(name: str) -> None:
-    diagnosis = diagnose(getattr(t, name), MODEL)
+    diagnosis = diagnose(Failure.of(getattr(t, name), MODEL))
     assert diagnosis is not None
     assert diagnosis.facts["device"] == ("CPU" if name.startswith("CPU_") else "GPU")
 
 
 def test_a_real_cpu_reservation_too_small_points_at_the_utilization() -> None:
     env = {**REAL_ENV, "MAX_MODEL_LEN": "512", "GPU_MEMORY_UTILIZATION": "0.01"}
-    diagnosis = diagnose(real("cpu_kv_no_room"), env=env)
+    diagnosis = diagnose(Failure.of(real("cpu_kv_no_room"), env=env))
     assert diagnosis is not None and diagnosis.detail == "cpu_kv_no_room"
     assert "raise GPU_MEMORY_UTILIZATION from 0.01 to 0.95" in diagnosis.message
 
 
 def test_the_cpu_kv_space_variable_is_named_when_it_set_the_size() -> None:
     env = {**REAL_ENV, "MAX_MODEL_LEN": "512", "VLLM_CPU_KVCACHE_SPACE": "1"}
-    message = classify(real("kv_too_small"), env=env)
+    message = classify(Failure.of(real("kv_too_small"), env=env))
     assert message is not None and "VLLM_CPU_KVCACHE_SPACE=1 (1 GiB)" in message
     assert "raise VLLM_CPU_KVCACHE_SPACE (now 1)" in message
 
 
 def test_a_gpu_kv_shortfall_with_a_fixed_kv_size_names_it_with_vllms_figures() -> None:
     env = {"MODEL_NAME": MODEL, "KV_CACHE_MEMORY_BYTES": "8G", "MAX_NUM_SEQS": "256"}
-    diagnosis = diagnose(t.KV_TOO_SMALL_WITH_ESTIMATE, MODEL, env=env)
+    diagnosis = diagnose(Failure.of(t.KV_TOO_SMALL_WITH_ESTIMATE, MODEL, env=env))
     assert diagnosis is not None and diagnosis.facts["device"] == "GPU"
     message = diagnosis.message
     assert "does not fit in the GPU KV cache set by KV_CACHE_MEMORY_BYTES=8G (8 GiB)" in message
@@ -594,14 +598,14 @@ def test_a_gpu_kv_shortfall_with_a_fixed_kv_size_names_it_with_vllms_figures() -
 
 def test_a_kv_size_in_extra_args_is_named_there() -> None:
     env = {"MODEL_NAME": MODEL, "VLLM_EXTRA_ARGS": "--kv-cache-memory-bytes=8G --max-num-seqs 16"}
-    diagnosis = diagnose(t.NO_CACHE_BLOCKS, MODEL, env=env)
+    diagnosis = diagnose(Failure.of(t.NO_CACHE_BLOCKS, MODEL, env=env))
     assert diagnosis is not None and diagnosis.variable == "VLLM_EXTRA_ARGS"
     assert "--kv-cache-memory-bytes 8G in VLLM_EXTRA_ARGS" in diagnosis.message
     assert "GPU_MEMORY_UTILIZATION" not in diagnosis.message
 
 
 def test_room_outside_a_fixed_kv_cache_comes_from_a_smaller_kv_size_not_the_utilization() -> None:
-    message = classify(t.SAMPLER_WARMUP_OOM, MODEL, env={"KV_CACHE_MEMORY_BYTES": "20G"})
+    message = classify(Failure.of(t.SAMPLER_WARMUP_OOM, MODEL, env={"KV_CACHE_MEMORY_BYTES": "20G"}))
     assert message is not None
     assert "lower KV_CACHE_MEMORY_BYTES (now 20G) to leave more room outside the KV cache" in message
     assert "GPU_MEMORY_UTILIZATION" not in message
@@ -612,7 +616,7 @@ def test_gib_figures_that_vllm_rounded_to_zero_are_not_quoted() -> None:
     found = re.search(r"\(([\d.]+) GiB KV cache is needed, which is larger than the available KV cache memory \(([\d.]+) GiB\)", text)
     assert found is not None
     tiny = text.replace(f"({found.group(1)} GiB KV", "(0.0 GiB KV").replace(f"memory ({found.group(2)} GiB)", "memory (0.0 GiB)")
-    diagnosis = diagnose(tiny, MODEL, env={"MAX_MODEL_LEN": "131072"})
+    diagnosis = diagnose(Failure.of(tiny, MODEL, env={"MAX_MODEL_LEN": "131072"}))
     assert diagnosis is not None
     assert "0 GiB" not in diagnosis.message
     assert "one full-length sequence needs more KV cache than is left after the weights and activations" in diagnosis.message
@@ -620,8 +624,8 @@ def test_gib_figures_that_vllm_rounded_to_zero_are_not_quoted() -> None:
 
 
 def test_cuda_graphs_are_not_blamed_when_eager_mode_is_on() -> None:
-    assert "CUDA graphs" in (classify(t.NO_CACHE_BLOCKS, MODEL, env={}) or "")
-    assert "CUDA graphs" not in (classify(t.NO_CACHE_BLOCKS, MODEL, env={"ENFORCE_EAGER": "true"}) or "x CUDA graphs")
+    assert "CUDA graphs" in (classify(Failure.of(t.NO_CACHE_BLOCKS, MODEL, env={})) or "")
+    assert "CUDA graphs" not in (classify(Failure.of(t.NO_CACHE_BLOCKS, MODEL, env={"ENFORCE_EAGER": "true"})) or "x CUDA graphs")
 
 
 # --- model files: a missing local path, an uncached repo with the Hub off -------------------
@@ -629,14 +633,14 @@ def test_cuda_graphs_are_not_blamed_when_eager_mode_is_on() -> None:
 
 def test_a_real_missing_local_path_is_explained() -> None:
     env = {**REAL_ENV, "MODEL_NAME": "/nonexistent/path"}
-    diagnosis = diagnose(real("missing_local_path"), env=env, exit_code=1)
+    diagnosis = diagnose(Failure.of(real("missing_local_path"), env=env, exit_code=1))
     assert diagnosis is not None and diagnosis.kind == "model_path_missing"
     assert (diagnosis.variable, diagnosis.value) == ("MODEL_NAME", "/nonexistent/path")
-    assert diagnosis.message == startup_errors.model_path_missing_message("/nonexistent/path")
+    assert diagnosis.message == hub_messages.model_path_missing_message("/nonexistent/path")
     assert "MODEL_NAME='/nonexistent/path' does not exist in this container" in diagnosis.message
     assert "network volume" in diagnosis.message and "repository id" in diagnosis.message
     # The path comes from vLLM's words when the caller does not know it.
-    assert (diagnose(real("missing_local_path")) or pytest.fail()).value == "/nonexistent/path"
+    assert (diagnose(Failure.of(real("missing_local_path"))) or pytest.fail()).value == "/nonexistent/path"
 
 
 def _hf_validation_text(reference: str) -> str:
@@ -653,34 +657,34 @@ def _hf_validation_text(reference: str) -> str:
 
 @pytest.mark.parametrize("path", ["/models", "/runpod-volume/models/llama", "./model", "models/acme/llama", "../x"])
 def test_every_validator_wording_for_a_path_is_a_missing_path(path: str) -> None:
-    diagnosis = diagnose(_hf_validation_text(path), env={"MODEL_NAME": path})
+    diagnosis = diagnose(Failure.of(_hf_validation_text(path), env={"MODEL_NAME": path}))
     assert diagnosis is not None and diagnosis.kind == "model_path_missing"
-    assert diagnosis.message == startup_errors.model_path_missing_message(path)
+    assert diagnosis.message == hub_messages.model_path_missing_message(path)
 
 
 def test_a_malformed_repo_id_is_not_called_a_path() -> None:
-    diagnosis = diagnose(_hf_validation_text("acme/My Model"), env={"MODEL_NAME": "acme/My Model"})
+    diagnosis = diagnose(Failure.of(_hf_validation_text("acme/My Model"), env={"MODEL_NAME": "acme/My Model"}))
     assert diagnosis is not None and diagnosis.kind == "model_path_missing"
-    assert diagnosis.message == startup_errors.invalid_model_name_message("acme/My Model")
+    assert diagnosis.message == hub_messages.invalid_model_name_message("acme/My Model")
 
 
 def test_a_missing_tokenizer_path_names_its_own_variable() -> None:
     env = {"MODEL_NAME": "acme/m", "TOKENIZER_NAME": "/tok/missing"}
-    diagnosis = diagnose(_hf_validation_text("/tok/missing"), env=env)
+    diagnosis = diagnose(Failure.of(_hf_validation_text("/tok/missing"), env=env))
     assert diagnosis is not None and diagnosis.variable == "TOKENIZER_NAME"
     assert "TOKENIZER_NAME='/tok/missing'" in diagnosis.message
 
 
 def test_a_real_uncached_repo_with_the_hub_offline_is_explained() -> None:
     env = {**REAL_ENV, "MODEL_NAME": "acme/does-not-exist-xyz"}
-    diagnosis = diagnose(real("offline_uncached_repo"), env=env, exit_code=1)
+    diagnosis = diagnose(Failure.of(real("offline_uncached_repo"), env=env, exit_code=1))
     assert diagnosis is not None and diagnosis.kind == "offline_not_cached"
     assert diagnosis.repo == "acme/does-not-exist-xyz"
-    assert diagnosis.message == startup_errors.offline_not_cached_message("acme/does-not-exist-xyz")
+    assert diagnosis.message == hub_messages.offline_not_cached_message("acme/does-not-exist-xyz")
     assert "MODEL_NAME='acme/does-not-exist-xyz'" in diagnosis.message
     assert "unset HF_HUB_OFFLINE" in diagnosis.message and "bake the model" in diagnosis.message
     # huggingface_hub does not name the repository: vLLM's argument line does.
-    assert (diagnose(real("offline_uncached_repo")) or pytest.fail()).repo == "acme/does-not-exist-xyz"
+    assert (diagnose(Failure.of(real("offline_uncached_repo"))) or pytest.fail()).repo == "acme/does-not-exist-xyz"
 
 
 def test_the_offline_variable_that_is_set_is_the_one_named(tmp_path: Path) -> None:
@@ -692,7 +696,7 @@ def test_the_offline_variable_that_is_set_is_the_one_named(tmp_path: Path) -> No
         snapshot_download("acme/absent", local_files_only=True, cache_dir=tmp_path)
     text = f"huggingface_hub.errors.LocalEntryNotFoundError: {caught.value}"
     env = {"MODEL_NAME": "acme/absent", "TRANSFORMERS_OFFLINE": "1", "MODEL_REVISION": "v2"}
-    diagnosis = diagnose(text, env=env)
+    diagnosis = diagnose(Failure.of(text, env=env))
     assert diagnosis is not None and diagnosis.kind == "offline_not_cached"
     assert "TRANSFORMERS_OFFLINE=1 forbids downloading it" in diagnosis.message
     assert "MODEL_NAME='acme/absent' at revision 'v2'" in diagnosis.message
@@ -701,14 +705,14 @@ def test_the_offline_variable_that_is_set_is_the_one_named(tmp_path: Path) -> No
 @pytest.mark.parametrize("case", ["missing_local_path", "offline_uncached_repo", "kv_too_small", "no_kv_memory", "auto_fit"])
 def test_real_texts_are_documented_kinds_and_never_leak_the_token(case: str) -> None:
     env = {**REAL_ENV, "HF_TOKEN": TOKEN}
-    diagnosis = diagnose(real(case) + f"\nusing token {TOKEN}", env=env)
+    diagnosis = diagnose(Failure.of(real(case) + f"\nusing token {TOKEN}", env=env))
     assert diagnosis is not None and diagnosis.kind in KINDS
     assert TOKEN not in diagnosis.message and TOKEN not in diagnosis.evidence
 
 
 def test_every_kind_has_its_entry_in_the_troubleshooting_guide() -> None:
     guide = (Path(__file__).resolve().parents[2] / "docs" / "troubleshooting.md").read_text()
-    for kind in [*KINDS, *startup_errors.RUNTIME_KINDS]:
+    for kind in [*KINDS, *runtime.RUNTIME_KINDS]:
         assert f"(`{kind}`)" in guide, kind
 
 
@@ -728,7 +732,7 @@ def test_wrapped_and_retyped_lines_still_name_the_cause() -> None:
         line[:60] + "\n" + line[60:],
     ]
     for text in wrapped:
-        diagnosis = diagnose(text)
+        diagnosis = diagnose(Failure.of(text))
         assert diagnosis is not None and diagnosis.detail == "no_kv_memory", text
 
 
@@ -761,15 +765,15 @@ def test_the_root_error_is_the_innermost_of_the_last_chain_without_wrappers() ->
 
 def test_an_unknown_failure_is_answered_with_the_root_error_and_exit_code() -> None:
     text = "Traceback (most recent call last):\nRuntimeError: the flux capacitor is misaligned\nEngineCore failed to start."
-    assert diagnose(text) is None
-    diagnosis = startup_errors.explain(text, exit_code=1)
+    assert diagnose(Failure.of(text)) is None
+    diagnosis = startup_errors.explain(Failure.of(text, exit_code=1))
     assert diagnosis.kind == "unknown"
     assert diagnosis.message.startswith("vLLM failed to start: RuntimeError: the flux capacitor is misaligned (exit code 1).")
     assert "does not know this failure" in diagnosis.message
 
 
 def test_an_engine_that_printed_nothing_is_answered_naming_vllm_command() -> None:
-    diagnosis = startup_errors.explain("", exit_code=3)
+    diagnosis = startup_errors.explain(Failure.of("", exit_code=3))
     assert diagnosis.kind == "unknown" and "VLLM_COMMAND" in diagnosis.message and "exit code 3" in diagnosis.message
 
 
@@ -779,7 +783,7 @@ def test_harmless_import_warnings_of_a_good_start_are_not_the_cause() -> None:
         "ImportError('libcuda.so.1: cannot open shared object file: No such file or directory')\n"
         "Traceback (most recent call last):\nRuntimeError: the flux capacitor is misaligned"
     )
-    assert startup_errors.explain(text, exit_code=1).kind == "unknown"
+    assert startup_errors.explain(Failure.of(text, exit_code=1)).kind == "unknown"
 
 
 _OOM = (
@@ -797,17 +801,17 @@ def test_an_oom_while_loading_weights_is_not_relaunched_and_names_the_card() -> 
             _OOM,
         ]
     )
-    diagnosis = diagnose(loading, MODEL, weights_bytes=28 * 2**30)
+    diagnosis = diagnose(Failure.of(loading, MODEL, weights_bytes=28 * 2**30))
     assert diagnosis is not None and diagnosis.detail == "weights_load"
     assert "23.53 GiB in all" in diagnosis.message and "28 GiB per GPU" in diagnosis.message
     after = loading.replace("in load_model", "in profile_run") + "\n"
     after = "INFO Model loading took 14.2 GiB memory and 3 seconds\n" + after.replace("Starting to load model", "x")
-    assert diagnose(after, MODEL).detail == "out_of_memory"  # type: ignore[union-attr]
+    assert diagnose(Failure.of(after, MODEL)).detail == "out_of_memory"  # type: ignore[union-attr]
 
 
 def test_weights_larger_than_the_card_make_any_oom_a_weights_oom() -> None:
-    assert diagnose(_OOM, MODEL).detail == "out_of_memory"  # type: ignore[union-attr]
-    assert diagnose(_OOM, MODEL, weights_bytes=30 * 2**30).detail == "weights_load"  # type: ignore[union-attr]
+    assert diagnose(Failure.of(_OOM, MODEL)).detail == "out_of_memory"  # type: ignore[union-attr]
+    assert diagnose(Failure.of(_OOM, MODEL, weights_bytes=30 * 2**30)).detail == "weights_load"  # type: ignore[union-attr]
 
 
 def test_engine_command_failure_names_the_variable() -> None:

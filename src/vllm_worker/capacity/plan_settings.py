@@ -13,7 +13,7 @@ import shlex
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Mapping
 
-from vllm_worker.diagnosis.verdict import parse_human_int
+from vllm_worker.config.env import parse_human_int
 from vllm_worker.capacity.model_facts import GiB, CapacityError
 from vllm_worker.config.settings import multiple_of_8_at_least
 

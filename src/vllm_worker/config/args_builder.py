@@ -45,6 +45,8 @@ from importlib import resources
 from typing import Any, Iterable, Literal, Mapping, Sequence
 
 from vllm_worker.config import flag_messages
+from vllm_worker.config.env import BOOL_ACCEPTED, EXTRA_ARGS, bool_word
+from vllm_worker.config.env import value as value_of
 from vllm_worker.config.settings import DOCUMENTED, Settings, multiple_of_8_at_least
 
 Kind = Literal["value", "optional_value", "list", "append", "pair", "store_true", "removed"]
@@ -246,12 +248,8 @@ RESERVED_IN_EXTRA_ARGS: dict[str, str] = {
     "--model": "the worker passes the model from MODEL_NAME",
 }
 
-TRUE_WORDS = frozenset({"true", "1", "yes", "on"})
-FALSE_WORDS = frozenset({"false", "0", "no", "off"})
-BOOL_ACCEPTED = "use true or false (also 1/0, yes/no, on/off)"
 
 BAKED_MODEL_PATH = "BAKED_MODEL_PATH"
-EXTRA_ARGS = "VLLM_EXTRA_ARGS"
 MASK = "***"
 
 
@@ -288,24 +286,15 @@ def parse_bool(variable: str, value: str | None) -> bool | None:
     """True/False for a boolean variable, None when unset or empty; ArgsError when unreadable."""
     if value is None or value.strip() == "":
         return None
-    word = value.strip().lower()
-    if word in TRUE_WORDS:
-        return True
-    if word in FALSE_WORDS:
-        return False
-    raise ArgsError(variable, value, BOOL_ACCEPTED)
+    word = bool_word(value)
+    if word is None:
+        raise ArgsError(variable, value, BOOL_ACCEPTED)
+    return word
 
 
 def is_true(value: str | None, variable: str = "value") -> bool:
     """Whether a boolean variable is set to true; unset or empty is false."""
     return parse_bool(variable, value) is True
-
-
-def _get(env: Mapping[str, str], name: str) -> str | None:
-    value = env.get(name)
-    if value is None or value.strip() == "":
-        return None
-    return value.strip()
 
 
 def _is_zero(value: str) -> bool:
@@ -349,11 +338,11 @@ def _resolve(env: Mapping[str, str], warnings: list[str]) -> tuple[dict[str, str
     values: dict[str, str] = {}
     sources: dict[str, str] = {}
     for name in FLAGS:
-        value = _get(env, name)
+        value = value_of(env, name)
         if value is not None:
             values[name], sources[name] = value, name
     for alias, name in ALIASES.items():
-        value = _get(env, alias)
+        value = value_of(env, alias)
         if value is None:
             continue
         if name in values and values[name] != value:
@@ -365,7 +354,7 @@ def _resolve(env: Mapping[str, str], warnings: list[str]) -> tuple[dict[str, str
         values[name] = value
         sources.setdefault(name, alias)
     for legacy, name in LEGACY_ALIASES.items():
-        value = _get(env, legacy)
+        value = value_of(env, legacy)
         if value is None:
             continue
         if name in values:
@@ -377,7 +366,7 @@ def _resolve(env: Mapping[str, str], warnings: list[str]) -> tuple[dict[str, str
 
 
 def _extra_args(env: Mapping[str, str]) -> list[str]:
-    raw = _get(env, EXTRA_ARGS)
+    raw = value_of(env, EXTRA_ARGS)
     if raw is None:
         return []
     words = _split_words(EXTRA_ARGS, raw, env)
@@ -404,7 +393,7 @@ def _flags_in(words: Iterable[str]) -> set[str]:
 
 def _config_file(env: Mapping[str, str], extra_flags: set[str]) -> list[str]:
     """`--config FILE` for VLLM_CONFIG_FILE (the name Runpod's worker documents)."""
-    path = _get(env, CONFIG_FILE)
+    path = value_of(env, CONFIG_FILE)
     if path is None:
         return []
     if path.split(".")[-1] not in ("yaml", "yml"):  # vLLM refuses any other name with a traceback
@@ -497,8 +486,8 @@ def lookalike_warnings(env: Mapping[str, str]) -> list[str]:
 def build_args(env: Mapping[str, str], settings: Settings) -> BuiltArgs:
     """The `vllm serve` argv for a launch configuration (the env mapping); ArgsError if unusable."""
     warnings: list[str] = []
-    baked = _get(env, BAKED_MODEL_PATH)
-    model_name = _get(env, "MODEL_NAME")
+    baked = value_of(env, BAKED_MODEL_PATH)
+    model_name = value_of(env, "MODEL_NAME")
     if baked is None and model_name is None:
         raise ArgsError(
             "MODEL_NAME",
@@ -534,7 +523,7 @@ def build_args(env: Mapping[str, str], settings: Settings) -> BuiltArgs:
         sources["MAX_NUM_SEQS"] = "MAX_CONCURRENCY"
 
     for name, reason in NOT_FROM_ENV.items():
-        if reason is not None and _get(env, name) is not None:
+        if reason is not None and value_of(env, name) is not None:
             warnings.append(f"{name} is not passed to vLLM as {OPTIONS[name]['flag']}: {reason}.")
 
     argv = [*settings.vllm_command, model, "--host", settings.vllm_host, "--port", str(settings.vllm_port), *config]

@@ -16,6 +16,8 @@ import shlex
 from dataclasses import dataclass
 from typing import Callable, Mapping, TypeVar
 
+from vllm_worker.config.env import bool_word, value
+
 T = TypeVar("T")
 
 
@@ -47,6 +49,7 @@ class Settings:
     engine_device: str = "auto"
     default_max_tokens: int | None = None
     hang_timeout: float = 60.0
+    vllm_command_set: bool = False  # VLLM_COMMAND was set (not the default `vllm serve`)
 
 
 # name -> (default as documented, None when unset; description); README's table is checked against this.
@@ -81,8 +84,6 @@ DOCUMENTED: dict[str, tuple[str | None, str]] = {
 }
 
 ENGINE_DEVICES = ("auto", "cuda", "cpu")
-_TRUE = ("true", "1", "yes", "on")
-_FALSE = ("false", "0", "no", "off")
 
 
 def multiple_of_8_at_least(n: int) -> int:
@@ -90,15 +91,8 @@ def multiple_of_8_at_least(n: int) -> int:
     return max(8, math.ceil(n / 8) * 8)
 
 
-def _get(env: Mapping[str, str], name: str) -> str | None:
-    value = env.get(name)
-    if value is None or value.strip() == "":
-        return None
-    return value.strip()
-
-
 def _parse(env: Mapping[str, str], name: str, default: T, convert: Callable[[str], T], accepted: str) -> T:
-    raw = _get(env, name)
+    raw = value(env, name)
     if raw is None:
         return default
     try:
@@ -125,12 +119,10 @@ def _positive_seconds(raw: str) -> float:
 
 
 def _bool(raw: str) -> bool:
-    word = raw.lower()
-    if word in _TRUE:
-        return True
-    if word in _FALSE:
-        return False
-    raise ValueError(raw)
+    word = bool_word(raw)
+    if word is None:
+        raise ValueError(raw)
+    return word
 
 
 def _one_of(choices: tuple[str, ...]) -> Callable[[str], str]:
@@ -175,4 +167,5 @@ def load(env: Mapping[str, str]) -> Settings:
             "or unset for up to the end of the context",
         ),
         hang_timeout=_parse(env, "ENGINE_HANG_TIMEOUT", 60.0, _positive_seconds, seconds),
+        vllm_command_set=value(env, "VLLM_COMMAND") is not None,
     )

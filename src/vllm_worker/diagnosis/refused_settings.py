@@ -13,7 +13,8 @@ from typing import Mapping
 from vllm_worker.config import args_builder
 
 from vllm_worker.config import flag_messages
-from vllm_worker.diagnosis.verdict import Context, Diagnosis, compose, env_value, evidence_of
+from vllm_worker.config.profile import LaunchProfile
+from vllm_worker.diagnosis.verdict import Context, Diagnosis, compose, evidence_of
 from vllm_worker.diagnosis.rules import Hit
 
 
@@ -35,7 +36,7 @@ def max_model_len(ctx: Context) -> Diagnosis:
         hit.line,
     )
     # vLLM's own figure is what it rejected; the env may hold an alias or an extra-args override.
-    value = (m.group(1) if m else None) or env_value(ctx.env, "MAX_MODEL_LEN")
+    value = (m.group(1) if m else None) or ctx.profile.raw("MAX_MODEL_LEN")
     limits = [n for n in ((_number(m.group(3)), _number(m.group(4))) if m else ()) if n is not None]
     limit = max(limits) if limits else None
     if limit is not None and m:
@@ -60,14 +61,14 @@ def max_model_len(ctx: Context) -> Diagnosis:
 _EXTRA_ARGS = "VLLM_EXTRA_ARGS"
 
 
-def _variable_for_flag(flag: str, env: Mapping[str, str]) -> str | None:
+def _variable_for_flag(flag: str, profile: LaunchProfile) -> str | None:
     """Which of the user's variables put `flag` on the command line, if one can tell."""
     name = flag.lstrip("-").replace("-", "_").upper()
-    if name.startswith("NO_") and env_value(env, name[3:]) is not None:
+    if name.startswith("NO_") and profile.raw(name[3:]) is not None:
         name = name[3:]
-    if env_value(env, name) is not None:
+    if profile.raw(name) is not None:
         return name
-    extra = env_value(env, _EXTRA_ARGS) or ""
+    extra = profile.raw(_EXTRA_ARGS) or ""
     if re.search(rf"(?:^|\s){re.escape(flag)}(?:[=\s]|$)", extra):
         return _EXTRA_ARGS
     return None
@@ -83,7 +84,7 @@ def bad_arguments(ctx: Context) -> Diagnosis:
         if unrecognized:
             args = unrecognized.group(1)
             flags = [word for word in args.split() if word.startswith("-")]
-            found = {_variable_for_flag(flag, ctx.env) for flag in flags}
+            found = {_variable_for_flag(flag, ctx.profile) for flag in flags}
             sources = sorted(name for name in found if name is not None)
             if not sources:
                 # The worker itself passes only flags vLLM 0.32 knows: the rest came in VLLM_EXTRA_ARGS.
@@ -96,9 +97,9 @@ def bad_arguments(ctx: Context) -> Diagnosis:
             flag_match = re.match(r"argument (\S+?)(?:/\S+)?: (.+)", error)
             if flag_match:
                 flag = flag_match.group(1)
-                found = _variable_for_flag(flag, ctx.env)
+                found = _variable_for_flag(flag, ctx.profile)
                 variable = found or flag.lstrip("-").replace("-", "_").upper()
-                value = env_value(ctx.env, variable)
+                value = ctx.profile.raw(variable)
                 shown = f"{variable}={value!r}" if value is not None and variable != _EXTRA_ARGS else variable
                 option = args_builder.option_for(flag)
                 if found and found != _EXTRA_ARGS and value is not None and option is not None:
@@ -151,7 +152,7 @@ def bad_arguments(ctx: Context) -> Diagnosis:
         if not m or not re.fullmatch(r"[\w.]+", field_name):
             continue
         variable = field_name.split(".")[-1].upper()
-        value = env_value(ctx.env, variable) or m.group(2)
+        value = ctx.profile.raw(variable) or m.group(2)
         first_variable = first_variable or variable
         first_value = first_value or value
         problems.append(f"{variable}={value} ({m.group(1)[0].lower() + m.group(1)[1:]})")
@@ -218,7 +219,7 @@ def _config_value(ctx: Context, hit: Hit) -> Diagnosis:
     if hit.rule.detail == "dtype_for_quantization":
         variable = "DTYPE"
     variable = variable or _variable_in(reason)
-    value = env_value(ctx.env, variable) if variable else None
+    value = ctx.profile.raw(variable) if variable else None
     shown = f"{variable}={value!r}" if variable and value is not None else (variable or "a setting")
     cause = f"vLLM rejected {shown}: {evidence_of(reason).rstrip('.')}"
     if hit.rule.detail == "dtype_for_quantization":
@@ -247,7 +248,7 @@ def _divisors(number: int, limit: int = 8) -> list[int]:
 
 def tensor_parallel(ctx: Context) -> Diagnosis:
     hit = ctx.hits[-1]
-    tp = env_value(ctx.env, "TENSOR_PARALLEL_SIZE")
+    tp = ctx.profile.raw("TENSOR_PARALLEL_SIZE")
     heads = ctx.search(r"attention heads \((\d+)\) must be divisible by tensor parallel size \((\d+)\)")
     if heads:
         size = tp or heads.group(2)
@@ -289,7 +290,7 @@ def dtype_unsupported(ctx: Context) -> Diagnosis:
     hit = ctx.hits[-1]
     gpu = ctx.search(r"Your (.+?) GPU has compute capability ([\d.]+)")
     where = f"This GPU ({gpu.group(1)}, compute capability {gpu.group(2)})" if gpu else "This GPU"
-    dtype = env_value(ctx.env, "DTYPE")
+    dtype = ctx.profile.raw("DTYPE")
     uses = f"DTYPE={dtype}" if dtype else f"the dtype of {ctx.subject if ctx.model else 'the model'} (bfloat16)"
     cause = f"{where} cannot compute in bfloat16, which {uses} asks for"
     fixes = ["set DTYPE=half (float16)", "or choose a GPU of compute capability 8.0 or more (Ampere or newer)"]
@@ -307,7 +308,7 @@ _KV_FP8 = r"reshape_and_cache|kv_cache_dtype[=:'\" ]+fp8|KV_CACHE_DTYPE=fp8|--kv
 
 def quantization_unsupported(ctx: Context) -> Diagnosis:
     hit = ctx.hits[-1]
-    kv_fp8 = (env_value(ctx.env, "KV_CACHE_DTYPE") or "").lower().startswith("fp8")
+    kv_fp8 = (ctx.profile.raw("KV_CACHE_DTYPE") or "").lower().startswith("fp8")
     if hit.rule.detail == "fp8_type" and (kv_fp8 or ctx.search(_KV_FP8)):
         cause = "This GPU cannot store the KV cache in fp8 (its Triton kernels support fp8e4nv from Ada/Hopper on)"
         return Diagnosis(
@@ -315,11 +316,11 @@ def quantization_unsupported(ctx: Context) -> Diagnosis:
             message=compose(cause, ctx.tried, ["unset KV_CACHE_DTYPE (or set it to auto)", "or choose an Ada or Hopper GPU"]),
             evidence=evidence_of(hit.line),
             variable="KV_CACHE_DTYPE",
-            value=env_value(ctx.env, "KV_CACHE_DTYPE"),
+            value=ctx.profile.raw("KV_CACHE_DTYPE"),
         )
     method = ctx.search(r"quantization method (\S+) is not supported for the current GPU")
     caps = ctx.search(r"Minimum capability: (\d+)\.? Current capability: (\d+)")
-    setting = env_value(ctx.env, "QUANTIZATION")
+    setting = ctx.profile.raw("QUANTIZATION")
     name = method.group(1) if method else (setting or "of the checkpoint")
     needs = (
         f": it needs compute capability {_capability(caps.group(1))}, this GPU has {_capability(caps.group(2))}"

@@ -9,16 +9,10 @@ from __future__ import annotations
 
 import re
 import signal
-from typing import Mapping, Sequence
+from typing import Sequence
 
-from vllm_worker.diagnosis.verdict import (
-    Diagnosis,
-    compose,
-    LaunchProfile,
-    env_value,
-    evidence_of,
-    scrubbed,
-)
+from vllm_worker.config.profile import LaunchProfile
+from vllm_worker.diagnosis.verdict import Diagnosis, Failure, compose, evidence_of, scrubbed
 from vllm_worker.diagnosis.rules import clean_lines
 
 # --- the engine died while serving ------------------------------------------------------------
@@ -68,9 +62,8 @@ def _root_line(lines: Sequence[str]) -> str | None:
     return None
 
 
-def _runtime_oom_fixes(output: str, env: Mapping[str, str]) -> list[str]:
+def _runtime_oom_fixes(output: str, profile: LaunchProfile) -> list[str]:
     fixes: list[str] = []
-    profile = LaunchProfile.parse(env)
     tokens = profile.max_num_batched_tokens
     if tokens is None or tokens <= 0:
         chosen = re.findall(r"max_num_batched_tokens=(\d+)", output)
@@ -85,7 +78,7 @@ def _runtime_oom_fixes(output: str, env: Mapping[str, str]) -> list[str]:
         )
     else:
         fixes.append("set MAX_NUM_BATCHED_TOKENS (e.g. 2048) to cap the prompt tokens processed in one step")
-    length = env_value(env, "MAX_MODEL_LEN")
+    length = profile.raw("MAX_MODEL_LEN")
     if length is None or not length.isdigit() or int(length) <= 0:
         used = re.findall(r"Using max model len (\d+)", output)
         length = used[-1] if used else None
@@ -96,15 +89,15 @@ def _runtime_oom_fixes(output: str, env: Mapping[str, str]) -> list[str]:
     return fixes
 
 
-def runtime_failure(output: str, env: Mapping[str, str] | None = None, *, exit_code: int | None = None) -> Diagnosis:
+def runtime_failure(failure: Failure) -> Diagnosis:
     """Why an engine that was serving stopped, from the tail of its output.
 
-    exit_code: the engine process's status (negative: the signal that killed it), or None when
+    failure.exit_code: the engine process's status (negative: the signal that killed it), or None when
     the process is alive but vLLM's /health answers 503. A memory failure after a good start is
     "runtime_oom", with the limits that bound one step's memory; anything else is "engine_died",
     naming how it stopped and vLLM's last exception line.
     """
-    env = dict(env or {})
+    output, exit_code = failure.output, failure.exit_code
     lines = _serving_lines(output)
     text = "\n".join(lines)
     how = _how_it_stopped(exit_code)
@@ -125,7 +118,7 @@ def runtime_failure(output: str, env: Mapping[str, str] | None = None, *, exit_c
         )
         diagnosis = Diagnosis(
             kind="runtime_oom",
-            message=compose(cause, (), _runtime_oom_fixes(output, env)),
+            message=compose(cause, (), _runtime_oom_fixes(output, failure.profile)),
             evidence=evidence_of(oom),
             facts={"device": device},
         )
@@ -136,5 +129,20 @@ def runtime_failure(output: str, env: Mapping[str, str] | None = None, *, exit_c
         diagnosis = Diagnosis(kind="engine_died", message=cause.rstrip(".") + ".", evidence=evidence_of(root or ""))
     if exit_code is not None:
         diagnosis.facts["exit_code"] = str(exit_code)
-    return scrubbed(diagnosis, env)
+    return scrubbed(diagnosis, failure.profile.env)
 
+
+RESTARTING = "The worker is restarting the engine with the same settings; retry the request."
+
+
+def hang_diagnosis(seconds: float) -> Diagnosis:
+    """Why a hung engine was killed: it answered nothing, not even /health, for ENGINE_HANG_TIMEOUT."""
+    return Diagnosis(
+        kind="engine_hung",
+        message=(
+            f"The engine stopped answering while serving: its health check gave no answer for {seconds:g} seconds "
+            f"(ENGINE_HANG_TIMEOUT), so it was killed; a stuck GPU kernel, a deadlocked collective or a stopped "
+            f"process does this."
+        ),
+        evidence="",
+    )

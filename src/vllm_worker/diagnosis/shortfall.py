@@ -11,24 +11,25 @@ from __future__ import annotations
 import re
 from typing import Sequence
 
-from vllm_worker.diagnosis.verdict import (
+from vllm_worker.config.profile import (
     CPU_KV_SPACE,
     DEFAULT_GPU_MEMORY_UTILIZATION,
-    EAGER_MAX_BATCHED_TOKENS,
     EXTRA_ARGS_NAME,
+    KvCacheSize,
+    LaunchProfile,
+)
+from vllm_worker.config.settings import multiple_of_8_at_least
+from vllm_worker.diagnosis.verdict import (
+    EAGER_MAX_BATCHED_TOKENS,
     HIGHEST_ADVISED_UTILIZATION,
     Context,
     Diagnosis,
-    KvCacheSize,
-    LaunchProfile,
     compose,
     device_of,
-    env_value,
     evidence_of,
     gib,
     size_text,
 )
-from vllm_worker.config.settings import multiple_of_8_at_least
 
 # --- memory shortfall -------------------------------------------------------------
 
@@ -96,7 +97,7 @@ def _hardware_fix(profile: LaunchProfile, device: str) -> str:
 
 
 def _context_description(ctx: Context, model_len: str | None) -> str:
-    explicit = env_value(ctx.env, "MAX_MODEL_LEN")
+    explicit = ctx.profile.raw("MAX_MODEL_LEN")
     if explicit is not None and explicit not in ("0", "-1") and explicit.lower() != "auto":
         return f"MAX_MODEL_LEN={explicit}"
     if model_len:

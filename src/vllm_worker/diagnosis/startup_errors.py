@@ -22,43 +22,13 @@ MODEL_NAME reads the same whether the pre-flight caught it or vLLM crashed on it
 from __future__ import annotations
 
 import re
-from typing import Callable, Mapping, Sequence
-
-from vllm_worker.diagnosis import refused_settings as config_errors
-
-from vllm_worker.diagnosis import rules as failure_rules
+from typing import Callable, Sequence
 
 from vllm_worker.diagnosis import hub as hub_errors
-from vllm_worker.diagnosis.verdict import (  # noqa: F401  (re-exported for recovery, capacity and tests)
-    DEFAULT_GPU_MEMORY_UTILIZATION,
-    DEFAULT_MAX_CONCURRENCY,
-    EAGER_MAX_BATCHED_TOKENS,
-    HIGHEST_ADVISED_UTILIZATION,
-    TRANSIENT_KINDS,
-    Context,
-    Diagnosis,
-    KvCacheSize,
-    LaunchProfile,
-    compose,
-    env_value,
-    evidence_of,
-    scrubbed,
-    size_text,
-    tried_sentence,
-)
+from vllm_worker.diagnosis import refused_settings as config_errors
+from vllm_worker.diagnosis import rules as failure_rules
 from vllm_worker.diagnosis.rules import Hit, clean_lines, find_hits, last_words, root_error, root_hit
-from vllm_worker.diagnosis.hub_messages import (  # noqa: F401  (re-exported: one sentence per cause)
-    gated_repo_message,
-    hub_unreachable_message,
-    invalid_model_name_message,
-    looks_like_path,
-    model_path_missing_message,
-    offline_not_cached_message,
-    repo_not_found_message,
-    revision_not_found_message,
-    unauthorized_message,
-)
-from vllm_worker.diagnosis.runtime import ENGINE_DEAD_TEXT, RUNTIME_KINDS, SERVING_MARKER, runtime_failure  # noqa: F401
+from vllm_worker.diagnosis.verdict import Context, Diagnosis, Failure, compose, evidence_of, scrubbed
 from vllm_worker.diagnosis.shortfall import memory_held_diagnosis, memory_shortfall_diagnosis, profiling_race_diagnosis
 
 # kind -> what it means. Every Diagnosis.kind of a failed start is one of these.
@@ -94,25 +64,9 @@ SUPPORTED_MODELS_URL = "https://docs.vllm.ai/en/latest/models/supported_models.h
 # --- entry points ---------------------------------------------------------------
 
 
-def diagnose(
-    output: str,
-    model: str | None = None,
-    *,
-    revision: str | None = None,
-    exit_code: int | None = None,
-    env: Mapping[str, str] | None = None,
-    tried: Sequence[str] = (),
-    weights_bytes: int | None = None,
-) -> Diagnosis | None:
-    """The root cause of a failed start, from the tail of the engine's output; None if no rule knows it.
-
-    `model`/`revision` are used when the output does not name the repository; `env` is
-    the launch configuration that failed (it decides which fixes remain); `tried` lists
-    what the worker already did, as phrases ("relaunched with MAX_NUM_SEQS=32");
-    `weights_bytes`: the checkpoint's size when the capacity plan knows it.
-    """
-    env = dict(env or {})
-    lines = clean_lines(output)
+def diagnose(failure: Failure) -> Diagnosis | None:
+    """The root cause of a failed start, from the tail of the engine's output; None if no rule knows it."""
+    lines = clean_lines(failure.output)
     hits = find_hits(lines)
     chosen: list[Hit] = [hit for hit in hits if not hit.rule.weak and hit.rule.tier == 0]
     chosen = chosen or [hit for hit in hits if hit.rule.tier == 1]
@@ -129,59 +83,40 @@ def diagnose(
     ctx = Context(
         lines=lines,
         hits=[hit for hit in chosen if hit.rule.kind == kind],
-        model=model or env_value(env, "MODEL_NAME"),
-        revision=revision,
-        exit_code=exit_code,
-        env=env,
-        tried=tuple(tried),
-        weights_bytes=weights_bytes,
-        profile=LaunchProfile.parse(env),
+        model=failure.model or failure.profile.model,
+        revision=failure.revision,
+        exit_code=failure.exit_code,
+        tried=failure.tried,
+        weights_bytes=failure.weights_bytes,
+        profile=failure.profile,
     )
-    return scrubbed(_BUILDERS[kind](ctx), env)
+    return scrubbed(_BUILDERS[kind](ctx), failure.profile.env)
 
 
-def explain(
-    output: str,
-    model: str | None = None,
-    *,
-    revision: str | None = None,
-    exit_code: int | None = None,
-    env: Mapping[str, str] | None = None,
-    tried: Sequence[str] = (),
-    weights_bytes: int | None = None,
-) -> Diagnosis:
-    """Like `diagnose`, but never None: an unknown failure is answered with vLLM's root error."""
-    diagnosis = diagnose(
-        output, model, revision=revision, exit_code=exit_code, env=env, tried=tried, weights_bytes=weights_bytes
-    )
+def explain(failure: Failure) -> Diagnosis:
+    """The one entry for a failed start: like `diagnose`, but never None (an unknown failure is
+    answered with vLLM's own root error)."""
+    diagnosis = diagnose(failure)
     if diagnosis is not None:
         return diagnosis
-    return scrubbed(unknown_failure(output, exit_code, tried), dict(env or {}))
+    return scrubbed(unknown_failure(failure.output, failure.exit_code, failure.tried), failure.profile.env)
 
 
-def classify(
-    output: str,
-    model: str | None = None,
-    *,
-    revision: str | None = None,
-    exit_code: int | None = None,
-    env: Mapping[str, str] | None = None,
-    tried: Sequence[str] = (),
-) -> str | None:
+def classify(failure: Failure) -> str | None:
     """The message for a failed start, or None when the cause is not recognised."""
-    diagnosis = diagnose(output, model, revision=revision, exit_code=exit_code, env=env, tried=tried)
+    diagnosis = diagnose(failure)
     return diagnosis.message if diagnosis else None
 
 
 def memory_shortfall(output: str) -> bool:
     """Whether the start failed because the configuration does not fit in memory."""
-    diagnosis = diagnose(output)
+    diagnosis = diagnose(Failure(output))
     return diagnosis is not None and diagnosis.kind == "memory_shortfall"
 
 
 def memory_held(output: str) -> bool:
     """Whether the start failed because another process holds the memory it needs."""
-    diagnosis = diagnose(output)
+    diagnosis = diagnose(Failure(output))
     return diagnosis is not None and diagnosis.kind == "memory_held"
 
 
@@ -321,7 +256,7 @@ def _trust_remote_code(ctx: Context) -> Diagnosis:
         message=compose(cause, ctx.tried, fixes),
         evidence=evidence_of(hit.line),
         variable="TRUST_REMOTE_CODE",
-        value=env_value(ctx.env, "TRUST_REMOTE_CODE"),
+        value=ctx.profile.raw("TRUST_REMOTE_CODE"),
     )
 
 

@@ -1,10 +1,10 @@
-"""What a diagnosis is, and the pieces every message builder shares.
+"""What a diagnosis reads and answers, and the pieces every message builder shares.
 
-`startup_errors` (what failed a start), `shortfall` (the memory messages) and
-`runtime_errors` (an engine that died while serving) all answer with a `Diagnosis` and
-compose their sentences the same way: the cause, what the worker already tried, then the
-fixes that remain. The knobs a memory relaunch can still turn are read here too, so the
-messages and `recovery`'s ladder agree on them.
+One input (`Failure`: the output's tail, the launch profile, the exit code, the steps
+already tried, the weights' size) and one answer (`Diagnosis`). `startup_errors` (what failed
+a start), `shortfall` (the memory messages) and `runtime` (an engine that died while serving)
+compose their sentences the same way (`compose`): the cause, what the worker already tried,
+then the fixes that remain.
 """
 
 from __future__ import annotations
@@ -13,24 +13,15 @@ import re
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
+from vllm_worker.config.profile import LaunchProfile
 from vllm_worker.diagnosis.rules import Hit
-from vllm_worker.config.profile import (  # noqa: F401  (re-exported: the pieces messages name)
-    CPU_KV_SPACE,
-    DEFAULT_MAX_CONCURRENCY,
-    EXTRA_ARGS_NAME,
-    KvCacheSize,
-    LaunchProfile,
-    env_value,
-    parse_human_int,
-)
 
 _GIB = 2**30
 
 # A memory relaunch step lowers MAX_NUM_BATCHED_TOKENS to at most this (see `recovery`).
 EAGER_MAX_BATCHED_TOKENS = 8192
-# vLLM 0.32's default --gpu-memory-utilization (vllm/config/cache.py) and the most the
-# worker ever advises: above it, CUDA context and fragmentation have no room left.
-DEFAULT_GPU_MEMORY_UTILIZATION = 0.92
+# The most GPU_MEMORY_UTILIZATION the worker ever advises (vLLM's default is
+# DEFAULT_GPU_MEMORY_UTILIZATION): above it, CUDA context and fragmentation have no room left.
 HIGHEST_ADVISED_UTILIZATION = 0.95
 # Causes that may pass on another try or another machine: relaunched once in place, then answered.
 TRANSIENT_KINDS = frozenset({"host_fault", "hub_unreachable"})
@@ -76,15 +67,48 @@ def size_text(size_bytes: int) -> str:
 
 
 @dataclass(frozen=True)
+class Failure:
+    """A launch that failed: what every diagnosis reads.
+
+    output: the tail of the engine's output. profile: the launch configuration that failed (it
+    decides which fixes remain). tried: what the worker already did, as phrases ("relaunched with
+    MAX_NUM_SEQS=32"). weights_bytes: the checkpoint's size when the capacity plan knows it.
+    model/revision: the reference when the output does not name it (default: the profile's).
+    """
+
+    output: str
+    profile: LaunchProfile = field(default_factory=lambda: LaunchProfile.parse({}))
+    exit_code: int | None = None
+    tried: tuple[str, ...] = ()
+    weights_bytes: int | None = None
+    model: str | None = None
+    revision: str | None = None
+
+    @classmethod
+    def of(
+        cls,
+        output: str,
+        model: str | None = None,
+        *,
+        revision: str | None = None,
+        exit_code: int | None = None,
+        env: Mapping[str, str] | None = None,
+        tried: Sequence[str] = (),
+        weights_bytes: int | None = None,
+    ) -> "Failure":
+        """A failure of a launch whose configuration is still a mapping of variables."""
+        return cls(output, LaunchProfile.parse(env or {}), exit_code, tuple(tried), weights_bytes, model, revision)
+
+
+@dataclass(frozen=True)
 class Context:
-    """What a message builder reads: the cleaned output, the matching hits and the failed launch."""
+    """What a message builder reads: the failure, its cleaned output and the hits that named its cause."""
 
     lines: list[str]
     hits: list[Hit]
     model: str | None
     revision: str | None
     exit_code: int | None
-    env: Mapping[str, str]
     tried: tuple[str, ...]
     weights_bytes: int | None = None
     profile: LaunchProfile = field(default_factory=lambda: LaunchProfile.parse({}))
@@ -95,7 +119,7 @@ class Context:
 
     @property
     def token_set(self) -> bool:
-        return env_value(self.env, "HF_TOKEN") is not None or env_value(self.env, "HUGGING_FACE_HUB_TOKEN") is not None
+        return self.profile.token_set
 
     def search(self, pattern: str) -> re.Match[str] | None:
         """The last match of `pattern` in the whole output."""

@@ -41,13 +41,8 @@ from dataclasses import dataclass, field, replace
 from typing import Mapping, Sequence
 
 from vllm_worker.config.settings import multiple_of_8_at_least
-from vllm_worker.diagnosis.verdict import (
-    TRANSIENT_KINDS,
-    EAGER_MAX_BATCHED_TOKENS,
-    Diagnosis,
-    LaunchProfile,
-    env_value,
-)
+from vllm_worker.config.profile import LaunchProfile
+from vllm_worker.diagnosis.verdict import EAGER_MAX_BATCHED_TOKENS, TRANSIENT_KINDS, Diagnosis
 
 MAX_LAUNCHES = 3
 REVISION_VARIABLES = ("MODEL_REVISION", "REVISION", "TOKENIZER_REVISION", "CODE_REVISION")
@@ -162,12 +157,11 @@ def _plan(
     used = {step.name for step in history}
     prior: dict[str, str | None] = dict(history[-1].relaunch.overrides) if history else {}
     profile = attempts[-1].profile
-    env = profile.env
 
     if diagnosis.kind == "revision_not_found":
         if "revision" in used:
             return Stop("the revision was already unpinned once")
-        return _revision_step(env, prior)
+        return _revision_step(profile, prior)
     if diagnosis.kind == "memory_held":
         if "held" in used:
             return Stop("the memory was still held after waiting once")
@@ -225,13 +219,13 @@ def _plan(
     return Stop(f"{diagnosis.kind}: a relaunch cannot fix this")
 
 
-def _revision_step(env: Mapping[str, str], prior: dict[str, str | None]) -> _Step:
-    pinned = [name for name in REVISION_VARIABLES if env_value(env, name) is not None]
+def _revision_step(profile: LaunchProfile, prior: dict[str, str | None]) -> _Step:
+    pinned = [name for name in REVISION_VARIABLES if profile.raw(name) is not None]
     overrides = {**prior, **{name: None for name in pinned}}
     if pinned:
         names = ", ".join(pinned)
         warnings = [
-            f"{name}={env_value(env, name)!r} no longer exists on the Hub; relaunching without it, "
+            f"{name}={profile.raw(name)!r} no longer exists on the Hub; relaunching without it, "
             f"so the repository's default branch is served"
             for name in pinned
         ]

@@ -27,6 +27,7 @@ from vllm_worker import capacity
 from vllm_worker.engine import ladder
 
 from vllm_worker.diagnosis import startup_errors
+from vllm_worker.diagnosis.verdict import Diagnosis, Failure
 from vllm_worker.config import settings as settings_mod
 from vllm_worker.engine.process import Engine, command_problem
 from vllm_worker.config.profile import LaunchProfile, apply_overrides
@@ -90,24 +91,16 @@ def capacity_line(tail: str) -> str | None:
 
 def launch_failure(
     engine: Engine,
-    launch_env: Mapping[str, str],
+    profile: LaunchProfile,
     settings: settings_mod.Settings,
     tried: Sequence[str] = (),
     weights_bytes: int | None = None,
-) -> startup_errors.Diagnosis:
+) -> Diagnosis:
     """Why a launch ended before it was ready; always an answer, never an exit."""
     if engine.spawn_error is not None:
-        return startup_errors.engine_command_failure(
-            settings.vllm_command, engine.spawn_error, configured=bool(launch_env.get("VLLM_COMMAND"))
-        )
+        return startup_errors.engine_command_failure(settings.vllm_command, engine.spawn_error, settings.vllm_command_set)
     return startup_errors.explain(
-        engine.tail(),
-        launch_env.get("MODEL_NAME"),
-        revision=launch_env.get("MODEL_REVISION"),
-        exit_code=engine.returncode,
-        env=launch_env,
-        tried=tried,
-        weights_bytes=weights_bytes,
+        Failure(engine.tail(), profile, engine.returncode, tuple(tried), weights_bytes, revision=profile.revision)
     )
 
 
@@ -122,7 +115,7 @@ class Attempt:
     outcome: Literal["ready", "failed", "timeout", "fatal", "stopped"]
     record: dict[str, Any]
     engine: Engine | None = None
-    diagnosis: startup_errors.Diagnosis | None = None
+    diagnosis: Diagnosis | None = None
     message: str | None = None
     served_model_name: str = ""
     warnings: list[str] = field(default_factory=list)
@@ -159,8 +152,9 @@ class Launcher:
             log.warning(warning)
         unstartable = command_problem(built.argv, built.engine_env)
         if unstartable is not None:
-            configured = bool(launch_env.get("VLLM_COMMAND"))
-            message = startup_errors.engine_command_failure(self.settings.vllm_command, unstartable, configured).message
+            message = startup_errors.engine_command_failure(
+                self.settings.vllm_command, unstartable, self.settings.vllm_command_set
+            ).message
             return Attempt("fatal", record, message=message, served_model_name=built.served_model_name)
         if self.wait_for_memory is not None:
             problem = self.wait_for_memory(launch_env)
@@ -185,7 +179,7 @@ class Launcher:
             record["outcome"] = result.outcome = "timeout"
             result.message = startup_timeout_message(self.settings)
             return result
-        result.diagnosis = launch_failure(engine, launch_env, self.settings, tried, self.weights_bytes)
+        result.diagnosis = launch_failure(engine, profile, self.settings, tried, self.weights_bytes)
         record.update(outcome="failed", exit_code=engine.returncode, cause=result.diagnosis.kind)
         result.outcome = "failed"
         return result

@@ -26,11 +26,13 @@ import urllib.error
 import urllib.request
 from typing import Any, Callable, Mapping, Sequence
 
+from vllm_worker.diagnosis import runtime
+from vllm_worker.diagnosis.runtime import RESTARTING, hang_diagnosis
+from vllm_worker.diagnosis.verdict import Diagnosis, Failure
 from vllm_worker.serving import handler
 
 from vllm_worker.engine import ladder
 
-from vllm_worker.diagnosis import startup_errors
 from vllm_worker.config import settings as settings_mod
 from vllm_worker.engine.process import Engine, health_url
 from vllm_worker.engine.launcher import Launcher, MemoryWait, Supervisor, profile_notice
@@ -42,7 +44,6 @@ HEALTH_POLL_S = 1.0
 # Only a 503 means dead; a /health slower than this is one unanswered probe, counted towards a hang.
 HEALTH_TIMEOUT_S = 2.0
 LOGGED_TAIL_LINES = 60
-RESTARTING = "The worker is restarting the engine with the same settings; retry the request."
 
 # Loopback checks must never go through an HTTP(S)_PROXY from the environment.
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -67,19 +68,6 @@ def budget_sentence(message: str, deaths_in_window: int) -> str:
         f"{message} The engine has stopped {deaths_in_window} times within {minutes:g} minutes while serving, "
         f"more than the worker's budget of {ladder.restart_budget_phrase()}, so it is not restarted again; "
         f"after fixing the cause, or to try another machine, terminate this worker so the platform starts a fresh one."
-    )
-
-
-def hang_diagnosis(seconds: float) -> startup_errors.Diagnosis:
-    """Why a hung engine was killed: it answered nothing, not even /health, for ENGINE_HANG_TIMEOUT."""
-    return startup_errors.Diagnosis(
-        kind="engine_hung",
-        message=(
-            f"The engine stopped answering while serving: its health check gave no answer for {seconds:g} seconds "
-            f"(ENGINE_HANG_TIMEOUT), so it was killed; a stuck GPU kernel, a deadlocked collective or a stopped "
-            f"process does this."
-        ),
-        evidence="",
     )
 
 
@@ -174,7 +162,7 @@ class EngineMonitor:
         if how == "hung":
             diagnosis = hang_diagnosis(self.settings.hang_timeout)
         else:
-            diagnosis = startup_errors.runtime_failure(tail, self.launch_env, exit_code=code)
+            diagnosis = runtime.runtime_failure(Failure(tail, LaunchProfile.parse(self.launch_env), code))
         now = self.clock()
         recent = [at for at in self.restarts if now - at < ladder.RESTART_WINDOW_S]
         allowed = ladder.restart_allowed(self.restarts, now)
@@ -203,7 +191,7 @@ class EngineMonitor:
         self._publish()
         return self._relaunch(diagnosis.kind)
 
-    def _next_step(self, diagnosis: startup_errors.Diagnosis) -> ladder.Relaunch | None:
+    def _next_step(self, diagnosis: Diagnosis) -> ladder.Relaunch | None:
         """After an out-of-memory death, the ladder's next footprint; None: relaunch the same one."""
         if diagnosis.kind != "runtime_oom" or diagnosis.facts.get("device") == "CPU":
             return None

@@ -53,7 +53,7 @@ from vllm_worker.serving.job_input import (
     route_template,
     with_context_budget,
 )
-from vllm_worker.diagnosis.startup_errors import ENGINE_DEAD_TEXT
+from vllm_worker.diagnosis.runtime import ENGINE_DEAD_TEXT
 
 log = logging.getLogger(__name__)
 
