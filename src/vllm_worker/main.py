@@ -38,7 +38,8 @@ from vllm_worker.model import cache as model_cache
 
 from vllm_worker.serving import platform as runpod_glue
 from vllm_worker.config import settings as settings_mod
-from vllm_worker.engine.launcher import StartupOutcome, Supervisor, start_engine
+from vllm_worker.config.profile import LaunchProfile
+from vllm_worker.engine.launcher import MemoryWait, StartupOutcome, Supervisor, start_engine
 from vllm_worker.engine.monitor import RESTARTING, EngineMonitor, budget_sentence, health_status
 
 # Re-exported: tests and tools reach them through main.
@@ -197,6 +198,7 @@ def _cpu_brand() -> dict[str, str]:
 
 
 def _startup(env: dict[str, str], settings: settings_mod.Settings, supervisor: Supervisor) -> StartupOutcome:
+    """Settings are read; now the launch configuration: its flags, where the model is, whether it fits."""
     from vllm_worker.model import preflight
 
     # Every flag value the table can judge is answered now, before any Hub call or launch.
@@ -204,28 +206,27 @@ def _startup(env: dict[str, str], settings: settings_mod.Settings, supervisor: S
         args_builder.build_args(env, settings)
     except args_builder.ArgsError as exc:
         return StartupOutcome(fatal=str(exc))
-    cached = model_cache.lookup(env)
+    profile = LaunchProfile.parse(env)
+    cached = model_cache.lookup(profile)
     facts: capacity.ModelFacts | None = None
     if cached is not None:
         log.info("%s", cached.log_line())
-        env = model_cache.offline_env(env, cached)
+        profile = LaunchProfile.parse(model_cache.offline_env(env, cached))
         try:
             facts = capacity.facts_from_folder(cached.snapshot)
         except capacity.CapacityError as error:
             log.info("capacity plan: the cached snapshot's config could not be read (%s)", error)
     # The safetensors counts ride on the one metadata call, for the capacity plan.
-    result = preflight.run(env, expand=["safetensors"])  # it logs its own transient warnings
-    if result.skipped_reason:
-        log.info("pre-flight skipped: %s", result.skipped_reason)
+    result = preflight.run(profile, expand=["safetensors"])  # it logs whether it ran, and its warnings
     if not result.ok:
         log.error("pre-flight: %s", result.message)
         return StartupOutcome(fatal=result.message, model_cache=cached.status() if cached else None)
 
-    devices = gpu_memory.probe(env, cast(gpu_memory.Platform, settings.engine_device))
+    devices = gpu_memory.probe(profile, cast(gpu_memory.Platform, settings.engine_device))
     on_cpu = bool(devices) and devices[0].kind == "cpu"
     total = min(d.total for d in devices) if devices and not on_cpu else None
     plan = capacity.startup_plan(
-        env,
+        profile,
         total,
         settings.max_concurrency,
         device_name=devices[0].name if devices else None,
@@ -242,20 +243,20 @@ def _startup(env: dict[str, str], settings: settings_mod.Settings, supervisor: S
     waiter = memory_waiter(settings)
     if waiter is None:
         log.info("GPU_MEMORY_WAIT=false: every launch starts without waiting for memory")
-    outcome = start_engine(env, settings, supervisor, waiter, plan, total)
+    outcome = start_engine(profile, settings, supervisor, waiter, plan, total)
     outcome.model_cache = cached.status() if cached else None
     return outcome
 
 
-def memory_waiter(settings: settings_mod.Settings) -> Callable[[Mapping[str, str]], str | None] | None:
+def memory_waiter(settings: settings_mod.Settings) -> MemoryWait | None:
     """What runs before every launch: wait for the memory vLLM checks; None when GPU_MEMORY_WAIT is off."""
     if not settings.gpu_memory_wait:
         return None
     platform = cast(gpu_memory.Platform, settings.engine_device)
 
-    def wait_for_memory(launch_env: Mapping[str, str]) -> str | None:
+    def wait_for_memory(profile: LaunchProfile) -> str | None:
         waited = gpu_memory.wait_for_memory(
-            launch_env,
+            profile,
             timeout=settings.gpu_memory_wait_timeout,
             platform=platform,
             log=lambda line: log.info("%s", line),

@@ -39,6 +39,7 @@ import pytest
 from tests.support import engine_env
 from tests.support.control_plane import ControlPlane
 from tests.support.worker_proc import WorkerProcess
+from vllm_worker.config.profile import LaunchProfile
 from vllm_worker.diagnosis import runtime
 from vllm_worker.diagnosis.verdict import Failure
 from vllm_worker.engine import gpu_memory
@@ -243,7 +244,7 @@ HOLDER = textwrap.dedent(
     def short() -> bool:
         # vLLM's own figures (cpu_worker.py:72-95). The node's total is read every time: on a VM it
         # can grow as memory is used (hot-plugged), and the need grows with it.
-        [node] = gpu_memory.probe_cpu({})
+        [node] = gpu_memory.probe_cpu(LaunchProfile.parse({}))
         return node.free < math.ceil(node.total * utilization) - margin
 
     chunks = []
@@ -282,7 +283,7 @@ class MemoryHolder:
         self.report = self.proc.stdout.readline().strip()
 
     def check_would_fail(self) -> None:
-        [node] = gpu_memory.probe_cpu({})
+        [node] = gpu_memory.probe_cpu(LaunchProfile.parse({}))
         need = math.ceil(node.total * UTILIZATION)
         assert node.free < need, (
             f"the holder ({self.report}) did not bring the available memory "

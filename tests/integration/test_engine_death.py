@@ -28,6 +28,7 @@ from tests.support.control_plane import ControlPlane
 from tests.support.engine_env import free_port
 from tests.support.fake_engine import FakeEngine
 from tests.support.worker_proc import WorkerProcess
+from vllm_worker.config.profile import LaunchProfile
 from vllm_worker.diagnosis import runtime
 from vllm_worker.diagnosis.verdict import Failure
 from vllm_worker.engine import gpu_memory
@@ -203,7 +204,7 @@ def test_a_configuration_that_keeps_killing_its_engine_is_answered_with_the_caus
 
 def cpu_memory_need_that_never_fits() -> dict[str, str]:
     """A launch configuration whose memory need the real CPU probe can never see free here."""
-    [node] = gpu_memory.probe_cpu({})
+    [node] = gpu_memory.probe_cpu(LaunchProfile.parse({}))
     assert node.free < node.total  # a running machine always uses some memory
     return {"ENGINE_DEVICE": "cpu", "GPU_MEMORY_UTILIZATION": "1.0"}
 

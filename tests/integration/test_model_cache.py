@@ -16,6 +16,7 @@ import pytest
 from huggingface_hub import snapshot_download
 
 from tests.support.hub_stub import HubStub
+from vllm_worker.config.profile import LaunchProfile
 from vllm_worker.model import cache as model_cache
 
 pytestmark = pytest.mark.integration
@@ -48,7 +49,7 @@ def env_for(root: Path, **extra: str) -> dict[str, str]:
 
 def test_a_complete_snapshot_is_found_and_served_offline(hub: HubStub, tmp_path: Path) -> None:
     snapshot = download(hub, tmp_path, "org/model")
-    found = model_cache.lookup(env_for(tmp_path))
+    found = model_cache.lookup(LaunchProfile.parse(env_for(tmp_path)))
     assert found is not None
     assert (found.snapshot, found.root, found.source) == (snapshot, tmp_path, "Runpod model cache")
     assert found.commit == snapshot.name
@@ -58,42 +59,42 @@ def test_a_complete_snapshot_is_found_and_served_offline(hub: HubStub, tmp_path:
 
 def test_a_revision_is_found_by_branch_and_by_commit(hub: HubStub, tmp_path: Path) -> None:
     snapshot = download(hub, tmp_path, "org/model", revision="v2")
-    assert model_cache.lookup(env_for(tmp_path, MODEL_REVISION="v2")).snapshot == snapshot  # type: ignore[union-attr]
-    assert model_cache.lookup(env_for(tmp_path, MODEL_REVISION=snapshot.name)).snapshot == snapshot  # type: ignore[union-attr]
+    assert model_cache.lookup(LaunchProfile.parse(env_for(tmp_path, MODEL_REVISION="v2"))).snapshot == snapshot  # type: ignore[union-attr]
+    assert model_cache.lookup(LaunchProfile.parse(env_for(tmp_path, MODEL_REVISION=snapshot.name))).snapshot == snapshot  # type: ignore[union-attr]
     # main was never downloaded here.
-    assert model_cache.lookup(env_for(tmp_path)) is None
+    assert model_cache.lookup(LaunchProfile.parse(env_for(tmp_path))) is None
 
 
 def test_the_hf_hub_cache_is_searched_after_runpods(hub: HubStub, tmp_path: Path) -> None:
     own = tmp_path / "own"
     snapshot = download(hub, own, "org/model")
-    found = model_cache.lookup({"RUNPOD_MODEL_CACHE": str(tmp_path / "none"), "HF_HUB_CACHE": str(own), "MODEL_NAME": "org/model"})
+    found = model_cache.lookup(LaunchProfile.parse({"RUNPOD_MODEL_CACHE": str(tmp_path / "none"), "HF_HUB_CACHE": str(own), "MODEL_NAME": "org/model"}))
     assert found is not None and (found.snapshot, found.source) == (snapshot, "HF_HUB_CACHE")
 
 
 def test_a_download_cut_short_is_not_trusted(hub: HubStub, tmp_path: Path) -> None:
     snapshot = download(hub, tmp_path, "org/model")
     (snapshot / "model-00002-of-00002.safetensors").resolve().unlink()  # the blob is gone, the link dangles
-    assert model_cache.lookup(env_for(tmp_path)) is None
+    assert model_cache.lookup(LaunchProfile.parse(env_for(tmp_path))) is None
 
 
 def test_a_missing_shard_is_not_trusted(hub: HubStub, tmp_path: Path) -> None:
     snapshot = download(hub, tmp_path, "org/model")
     (snapshot / "model-00001-of-00002.safetensors").unlink()
-    assert model_cache.lookup(env_for(tmp_path)) is None
+    assert model_cache.lookup(LaunchProfile.parse(env_for(tmp_path))) is None
 
 
 def test_a_separate_tokenizer_must_be_cached_too(hub: HubStub, tmp_path: Path) -> None:
     download(hub, tmp_path, "org/model")
-    assert model_cache.lookup(env_for(tmp_path, TOKENIZER_NAME="org/tokenizer")) is None
+    assert model_cache.lookup(LaunchProfile.parse(env_for(tmp_path, TOKENIZER_NAME="org/tokenizer"))) is None
     download(hub, tmp_path, "org/tokenizer")
-    assert model_cache.lookup(env_for(tmp_path, TOKENIZER_NAME="org/tokenizer")) is not None
+    assert model_cache.lookup(LaunchProfile.parse(env_for(tmp_path, TOKENIZER_NAME="org/tokenizer"))) is not None
 
 
 def test_local_paths_and_baked_models_are_not_looked_up(hub: HubStub, tmp_path: Path) -> None:
     download(hub, tmp_path, "org/model")
-    assert model_cache.lookup(env_for(tmp_path, MODEL_NAME=str(tmp_path))) is None
-    assert model_cache.lookup(env_for(tmp_path, BAKED_MODEL_PATH="/models/model")) is None
+    assert model_cache.lookup(LaunchProfile.parse(env_for(tmp_path, MODEL_NAME=str(tmp_path)))) is None
+    assert model_cache.lookup(LaunchProfile.parse(env_for(tmp_path, BAKED_MODEL_PATH="/models/model"))) is None
 
 
 def test_the_default_roots_are_runpods_then_hf_home(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tests.support.fake_engine import FakeEngine
+from vllm_worker.config.profile import LaunchProfile
 from vllm_worker import capacity
 from vllm_worker.capacity import kv_cache
 from vllm_worker import main
@@ -45,7 +46,7 @@ def test_the_first_launch_runs_the_profile_the_plan_predicted_to_fit(tmp_path: P
     facts = capacity.facts_from_config(CONFIG, PARAMS, source="org/big-vocab")
     base = {"MODEL_NAME": "org/big-vocab", "MAX_NUM_SEQS": "256", "MAX_CONCURRENCY": "30"}
     env = {**base, "MAX_MODEL_LEN": str(_length_beyond(facts, base))}
-    plan = capacity.startup_plan(env, CARD, 30, facts=facts)
+    plan = capacity.startup_plan(LaunchProfile.parse(env), CARD, 30, facts=facts)
     assert plan.status == "profile" and plan.overrides == {"MAX_NUM_SEQS": "32"}
 
     engine = FakeEngine(tmp_path, [{"serve": True}])
@@ -53,7 +54,7 @@ def test_the_first_launch_runs_the_profile_the_plan_predicted_to_fit(tmp_path: P
     settings = settings_mod.load(env)
     supervisor = main.Supervisor(settings)
     try:
-        outcome = main.start_engine(env, settings, supervisor, None, plan, CARD)
+        outcome = main.start_engine(LaunchProfile.parse(env), settings, supervisor, None, plan, CARD)
     finally:
         supervisor.stop()
         engine.kill_leftovers()

@@ -14,6 +14,7 @@ from typing import Iterator
 import pytest
 
 from tests.support.hub_stub import HubStub, StubRepo
+from vllm_worker.config.profile import LaunchProfile
 from vllm_worker.diagnosis import hub_messages
 from vllm_worker.model import preflight
 from vllm_worker.diagnosis import startup_errors
@@ -53,7 +54,7 @@ def assert_no_secret(result: preflight.PreflightResult, caplog: pytest.LogCaptur
 
 
 def test_valid_public_model_passes_with_one_metadata_call(hub: HubStub) -> None:
-    result = preflight.run(env_for(hub, MODEL_NAME="org/public"))
+    result = preflight.run(LaunchProfile.parse(env_for(hub, MODEL_NAME="org/public")))
     assert (result.ok, result.message, result.kind, result.warnings) == (True, None, None, [])
     assert result.skipped_reason is None
     assert [(r.method, r.path) for r in hub.requests] == [("GET", "/api/models/org/public")]
@@ -67,7 +68,7 @@ def test_valid_public_model_passes_with_one_metadata_call(hub: HubStub) -> None:
 def test_revision_branch_and_commit_pass(hub: HubStub) -> None:
     repo: StubRepo = hub.repo("org/public")
     for revision in ("v1", repo.revisions["v1"]):
-        result = preflight.run(env_for(hub, MODEL_NAME="org/public", MODEL_REVISION=revision))
+        result = preflight.run(LaunchProfile.parse(env_for(hub, MODEL_NAME="org/public", MODEL_REVISION=revision)))
         assert result.ok and result.model_info_summary is not None
         assert result.model_info_summary.sha == repo.revisions["v1"]
     assert [r.path for r in hub.requests] == [
@@ -81,7 +82,7 @@ def test_nonexistent_repo(hub: HubStub, token: str | None, caplog: pytest.LogCap
     env = env_for(hub, MODEL_NAME="org/does-not-exist")
     if token:
         env["HF_TOKEN"] = token
-    result = preflight.run(env)
+    result = preflight.run(LaunchProfile.parse(env))
     assert not result.ok
     assert result.kind == preflight.REPO_NOT_FOUND
     assert result.message == hub_messages.repo_not_found_message("org/does-not-exist", "MODEL_NAME")
@@ -90,21 +91,21 @@ def test_nonexistent_repo(hub: HubStub, token: str | None, caplog: pytest.LogCap
 
 
 def test_malformed_repo_id_is_not_found_without_a_call(hub: HubStub) -> None:
-    result = preflight.run(env_for(hub, MODEL_NAME="org/with space"))
+    result = preflight.run(LaunchProfile.parse(env_for(hub, MODEL_NAME="org/with space")))
     assert (result.ok, result.kind) == (False, preflight.REPO_NOT_FOUND)
     assert result.message == hub_messages.repo_not_found_message("org/with space")
     assert hub.requests == []
 
 
 def test_gated_without_token(hub: HubStub) -> None:
-    result = preflight.run(env_for(hub, MODEL_NAME="org/gated"))
+    result = preflight.run(LaunchProfile.parse(env_for(hub, MODEL_NAME="org/gated")))
     assert (result.ok, result.kind) == (False, preflight.GATED_REPO)
     assert result.message == hub_messages.gated_repo_message("org/gated", "MODEL_NAME", token_set=False)
     assert [r.path for r in hub.requests] == ["/api/models/org/gated"]
 
 
 def test_gated_with_a_token_that_has_access(hub: HubStub, caplog: pytest.LogCaptureFixture) -> None:
-    result = preflight.run(env_for(hub, MODEL_NAME="org/gated", HF_TOKEN=TOKEN_WITH_ACCESS))
+    result = preflight.run(LaunchProfile.parse(env_for(hub, MODEL_NAME="org/gated", HF_TOKEN=TOKEN_WITH_ACCESS)))
     assert (result.ok, result.message, result.warnings) == (True, None, [])
     assert [(r.path, r.token, r.status) for r in hub.requests] == [
         ("/api/models/org/gated", TOKEN_WITH_ACCESS, 200),
@@ -115,7 +116,7 @@ def test_gated_with_a_token_that_has_access(hub: HubStub, caplog: pytest.LogCapt
 
 
 def test_gated_with_a_token_without_access(hub: HubStub, caplog: pytest.LogCaptureFixture) -> None:
-    result = preflight.run(env_for(hub, MODEL_NAME="org/gated", HF_TOKEN=TOKEN_WITHOUT_ACCESS))
+    result = preflight.run(LaunchProfile.parse(env_for(hub, MODEL_NAME="org/gated", HF_TOKEN=TOKEN_WITHOUT_ACCESS)))
     assert (result.ok, result.kind) == (False, preflight.GATED_REPO)
     assert result.message == hub_messages.gated_repo_message("org/gated", "MODEL_NAME", token_set=True)
     assert [r.status for r in hub.calls("/api/models/org/gated/auth-check")] == [403]
@@ -123,40 +124,40 @@ def test_gated_with_a_token_without_access(hub: HubStub, caplog: pytest.LogCaptu
 
 
 def test_legacy_token_variable_is_honoured(hub: HubStub) -> None:
-    result = preflight.run(env_for(hub, MODEL_NAME="org/gated", HUGGING_FACE_HUB_TOKEN=TOKEN_WITH_ACCESS))
+    result = preflight.run(LaunchProfile.parse(env_for(hub, MODEL_NAME="org/gated", HUGGING_FACE_HUB_TOKEN=TOKEN_WITH_ACCESS)))
     assert result.ok
     assert {r.token for r in hub.requests} == {TOKEN_WITH_ACCESS}
 
 
 def test_private_repo_without_token_reads_as_not_found(hub: HubStub) -> None:
-    result = preflight.run(env_for(hub, MODEL_NAME="org/private"))
+    result = preflight.run(LaunchProfile.parse(env_for(hub, MODEL_NAME="org/private")))
     assert (result.ok, result.kind) == (False, preflight.REPO_NOT_FOUND)
     assert result.message == hub_messages.repo_not_found_message("org/private")
     assert [r.status for r in hub.requests] == [401]
 
 
 def test_private_repo_with_a_token_that_can_read_it(hub: HubStub) -> None:
-    result = preflight.run(env_for(hub, MODEL_NAME="org/private", HF_TOKEN=TOKEN_WITH_ACCESS))
+    result = preflight.run(LaunchProfile.parse(env_for(hub, MODEL_NAME="org/private", HF_TOKEN=TOKEN_WITH_ACCESS)))
     assert result.ok and result.model_info_summary is not None and result.model_info_summary.private is True
     assert len(hub.requests) == 1
 
 
 def test_rejected_token(hub: HubStub, caplog: pytest.LogCaptureFixture) -> None:
-    result = preflight.run(env_for(hub, MODEL_NAME="org/public", HF_TOKEN="hf_unknown0123456789"))
+    result = preflight.run(LaunchProfile.parse(env_for(hub, MODEL_NAME="org/public", HF_TOKEN="hf_unknown0123456789")))
     assert (result.ok, result.kind) == (False, preflight.UNAUTHORIZED)
     assert result.message == hub_messages.unauthorized_message("org/public", "MODEL_NAME", token_set=True)
     assert_no_secret(result, caplog)
 
 
 def test_bad_model_revision(hub: HubStub) -> None:
-    result = preflight.run(env_for(hub, MODEL_NAME="org/public", MODEL_REVISION="no-such-rev"))
+    result = preflight.run(LaunchProfile.parse(env_for(hub, MODEL_NAME="org/public", MODEL_REVISION="no-such-rev")))
     assert (result.ok, result.kind) == (False, preflight.REVISION_NOT_FOUND)
     assert result.message == hub_messages.revision_not_found_message("org/public", "no-such-rev", "MODEL_REVISION")
     assert [r.path for r in hub.requests] == ["/api/models/org/public/revision/no-such-rev"]
 
 
 def test_bad_tokenizer_name(hub: HubStub) -> None:
-    result = preflight.run(env_for(hub, MODEL_NAME="org/public", TOKENIZER_NAME="org/no-tokenizer"))
+    result = preflight.run(LaunchProfile.parse(env_for(hub, MODEL_NAME="org/public", TOKENIZER_NAME="org/no-tokenizer")))
     assert (result.ok, result.kind) == (False, preflight.REPO_NOT_FOUND)
     assert result.message == hub_messages.repo_not_found_message("org/no-tokenizer", "TOKENIZER_NAME")
     assert [r.path for r in hub.requests] == ["/api/models/org/public", "/api/models/org/no-tokenizer"]
@@ -164,23 +165,23 @@ def test_bad_tokenizer_name(hub: HubStub) -> None:
 
 def test_bad_tokenizer_revision(hub: HubStub) -> None:
     env = env_for(hub, MODEL_NAME="org/public", TOKENIZER_NAME="org/tokenizer", TOKENIZER_REVISION="nope")
-    result = preflight.run(env)
+    result = preflight.run(LaunchProfile.parse(env))
     assert (result.ok, result.kind) == (False, preflight.REVISION_NOT_FOUND)
     assert result.message == hub_messages.revision_not_found_message("org/tokenizer", "nope", "TOKENIZER_REVISION")
     assert "TOKENIZER_REVISION" in result.message
 
 
 def test_good_tokenizer_is_checked_too(hub: HubStub) -> None:
-    result = preflight.run(env_for(hub, MODEL_NAME="org/public", MODEL_REVISION="v1", TOKENIZER_NAME="org/public"))
+    result = preflight.run(LaunchProfile.parse(env_for(hub, MODEL_NAME="org/public", MODEL_REVISION="v1", TOKENIZER_NAME="org/public")))
     assert result.ok and len(hub.requests) == 1  # same repo and revision: one call
     hub.reset_requests()
-    result = preflight.run(env_for(hub, MODEL_NAME="org/public", TOKENIZER_NAME="org/tokenizer"))
+    result = preflight.run(LaunchProfile.parse(env_for(hub, MODEL_NAME="org/public", TOKENIZER_NAME="org/tokenizer")))
     assert result.ok
     assert [r.path for r in hub.requests] == ["/api/models/org/public", "/api/models/org/tokenizer"]
 
 
 def test_expand_hook_brings_safetensors_counts(hub: HubStub) -> None:
-    result = preflight.run(env_for(hub, MODEL_NAME="org/public"), expand=["safetensors"])
+    result = preflight.run(LaunchProfile.parse(env_for(hub, MODEL_NAME="org/public")), expand=["safetensors"])
     summary = result.model_info_summary
     assert result.ok and summary is not None
     assert (summary.safetensors_total, summary.safetensors_parameters) == (494032768, {"BF16": 494032768})
@@ -198,7 +199,7 @@ def test_transient_status_is_a_warning_and_no_retry(
     hub.fail(status, times=None)
     env = env_for(hub, MODEL_NAME="org/gated", TOKENIZER_NAME="org/tokenizer", HF_TOKEN=TOKEN_WITH_ACCESS)
     with caplog.at_level(logging.WARNING, logger="vllm_worker.model.preflight"):
-        result = preflight.run(env)
+        result = preflight.run(LaunchProfile.parse(env))
     assert (result.ok, result.message, result.kind) == (True, None, None)
     assert len(result.warnings) == 1 and kind in result.warnings[0] and "org/gated" in result.warnings[0]
     assert result.warnings[0] in caplog.text
@@ -208,25 +209,25 @@ def test_transient_status_is_a_warning_and_no_retry(
 
 def test_transient_failure_of_auth_check_is_a_warning(hub: HubStub) -> None:
     hub.fail(502, path_prefix="/api/models/org/gated/auth-check")
-    result = preflight.run(env_for(hub, MODEL_NAME="org/gated", HF_TOKEN=TOKEN_WITHOUT_ACCESS))
+    result = preflight.run(LaunchProfile.parse(env_for(hub, MODEL_NAME="org/gated", HF_TOKEN=TOKEN_WITHOUT_ACCESS)))
     assert result.ok and "server_error" in result.warnings[0]
 
 
 def test_hanging_hub_times_out_into_a_warning(hub: HubStub) -> None:
     hub.hang(times=None)
-    result = preflight.run(env_for(hub, MODEL_NAME="org/public"), timeout=FAST)
+    result = preflight.run(LaunchProfile.parse(env_for(hub, MODEL_NAME="org/public")), timeout=FAST)
     assert result.ok and len(result.warnings) == 1 and "timeout" in result.warnings[0]
     assert len(hub.requests) == 1
 
 
 def test_hanging_auth_check_is_bounded_too(hub: HubStub) -> None:
     hub.hang(path_prefix="/api/models/org/gated/auth-check")
-    result = preflight.run(env_for(hub, MODEL_NAME="org/gated", HF_TOKEN=TOKEN_WITH_ACCESS), timeout=FAST)
+    result = preflight.run(LaunchProfile.parse(env_for(hub, MODEL_NAME="org/gated", HF_TOKEN=TOKEN_WITH_ACCESS)), timeout=FAST)
     assert result.ok and "timeout" in result.warnings[0]
 
 
 def test_unresolvable_endpoint_is_a_warning() -> None:
-    result = preflight.run({"HF_ENDPOINT": "http://nonexistent.invalid", "MODEL_NAME": "org/public"}, timeout=FAST)
+    result = preflight.run(LaunchProfile.parse({"HF_ENDPOINT": "http://nonexistent.invalid", "MODEL_NAME": "org/public"}), timeout=FAST)
     assert result.ok and len(result.warnings) == 1 and "dns" in result.warnings[0]
 
 
@@ -234,7 +235,7 @@ def test_refused_connection_is_a_warning() -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]  # bound, not listening: connections are refused
-        result = preflight.run({"HF_ENDPOINT": f"http://127.0.0.1:{port}", "MODEL_NAME": "org/public"}, timeout=FAST)
+        result = preflight.run(LaunchProfile.parse({"HF_ENDPOINT": f"http://127.0.0.1:{port}", "MODEL_NAME": "org/public"}), timeout=FAST)
     assert result.ok and "connection" in result.warnings[0]
 
 
@@ -266,7 +267,7 @@ def test_skips_make_no_call(hub: HubStub, extra: dict[str, str], tmp_path, monke
             (tmp_path / extra[key]).mkdir(parents=True)
     env = env_for(hub, MODEL_NAME="org/does-not-exist", HF_TOKEN=TOKEN_WITH_ACCESS)
     env.update(extra)
-    result = preflight.run(env)
+    result = preflight.run(LaunchProfile.parse(env))
     assert result.ok and result.skipped_reason is not None and result.message is None
     assert hub.requests == []
 
@@ -275,7 +276,7 @@ def test_skips_make_no_call(hub: HubStub, extra: dict[str, str], tmp_path, monke
 def test_a_missing_local_path_is_answered_without_a_call(hub: HubStub, extra: dict[str, str]) -> None:
     env = env_for(hub, MODEL_NAME="org/public", HF_TOKEN=TOKEN_WITH_ACCESS)
     env.update(extra)
-    result = preflight.run(env)
+    result = preflight.run(LaunchProfile.parse(env))
     assert (result.ok, result.kind) == (False, "model_path_missing")
     [(variable, path)] = extra.items()
     assert result.message is not None and f"{variable}={path!r} does not exist" in result.message
@@ -291,7 +292,7 @@ def test_no_implicit_token_from_a_token_file(hub: HubStub, tmp_path, monkeypatch
     monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(token_file))
     monkeypatch.delenv("HF_TOKEN", raising=False)
     assert get_token() == TOKEN_WITH_ACCESS  # the client would pick it up by default
-    result = preflight.run(env_for(hub, MODEL_NAME="org/gated"))
+    result = preflight.run(LaunchProfile.parse(env_for(hub, MODEL_NAME="org/gated")))
     assert (result.ok, result.kind) == (False, preflight.GATED_REPO)
     assert [r.token for r in hub.requests] == [None]
 

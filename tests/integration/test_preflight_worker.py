@@ -21,6 +21,7 @@ from tests.support.control_plane import ControlPlane
 from tests.support.fake_engine import FakeEngine
 from tests.support.hub_stub import HubStub
 from tests.support.worker_proc import WorkerProcess
+from vllm_worker.config.profile import LaunchProfile
 from vllm_worker.diagnosis import hub_messages
 from vllm_worker.model import preflight
 from vllm_worker.diagnosis import startup_errors
@@ -101,7 +102,7 @@ def test_a_definitive_hub_answer_is_every_jobs_answer_and_vllm_is_never_launched
 ) -> None:
     env, path, shared = CASES[case]
     worker = Worker(tmp_path, hub, cp, **env)
-    expected = preflight.run(worker.user_env).message
+    expected = preflight.run(LaunchProfile.parse(worker.user_env)).message
     # The pre-flight's sentence is the shared one, the same a crash of vLLM on this cause gives.
     assert expected is not None and expected == shared()
     hub.reset_requests()

@@ -21,6 +21,7 @@ from tests.support.model_configs import (
     LLAMA_31_70B,
     LLAMA_31_70B_PARAMS,
 )
+from vllm_worker.config.profile import LaunchProfile
 from vllm_worker import capacity as cap
 from vllm_worker.config.env import parse_human_int
 from vllm_worker.capacity import at_boot, budget_versions, kv_cache, memory_budget, model_facts, plan_report, plan_settings
@@ -526,7 +527,7 @@ def test_utilization_beyond_the_free_memory_is_a_problem() -> None:
     p = cap.plan(f, RTX_4090, knobs({"GPU_MEMORY_UTILIZATION": "0.999", "MAX_MODEL_LEN": "4096"}))
     assert p.verdict == "does_not_fit" and "once CUDA is initialised" in p.problems[0]
     assert str(p.changes[0]) == "set GPU_MEMORY_UTILIZATION=0.95 (leaves room for the CUDA context; now 0.999)"
-    d = at_boot.fit_profile(f, RTX_4090, {"MODEL_NAME": "m", "GPU_MEMORY_UTILIZATION": "0.999", "MAX_MODEL_LEN": "4096"}, 30)
+    d = at_boot.fit_profile(f, RTX_4090, LaunchProfile.parse({"MODEL_NAME": "m", "GPU_MEMORY_UTILIZATION": "0.999", "MAX_MODEL_LEN": "4096"}), 30)
     assert d.status == "cannot_fit" and "set GPU_MEMORY_UTILIZATION=0.95" in (d.fatal_message or "")
     # Within the estimate's error, vLLM may well start: no verdict from the plan.
     assert cap.plan(f, RTX_4090, knobs({"GPU_MEMORY_UTILIZATION": "0.985", "MAX_MODEL_LEN": "4096"})).problems == ()
@@ -551,13 +552,13 @@ def test_auto_max_model_len_fits_the_memory() -> None:
 
 def test_fits_as_configured() -> None:
     f = facts(LLAMA_31_8B, LLAMA_31_8B_PARAMS)
-    d = at_boot.fit_profile(f, RTX_4090, {"MODEL_NAME": "m", "MAX_MODEL_LEN": "8192"}, 30)
+    d = at_boot.fit_profile(f, RTX_4090, LaunchProfile.parse({"MODEL_NAME": "m", "MAX_MODEL_LEN": "8192"}), 30)
     assert (d.status, d.overrides, d.fatal_message, d.relaunch) == ("as_configured", {}, None, None)
 
 
 def test_unset_context_that_does_not_fit_launches_with_auto() -> None:
     f = facts(LLAMA_31_8B, LLAMA_31_8B_PARAMS)
-    d = at_boot.fit_profile(f, RTX_4090, {"MODEL_NAME": "m"}, 30)
+    d = at_boot.fit_profile(f, RTX_4090, LaunchProfile.parse({"MODEL_NAME": "m"}), 30)
     assert d.status == "profile" and d.relaunch.profile == "context_auto"
     assert d.overrides == {"MAX_MODEL_LEN": "auto"}
     assert "MAX_MODEL_LEN is not set" in d.warnings[0]
@@ -566,7 +567,7 @@ def test_unset_context_that_does_not_fit_launches_with_auto() -> None:
 
 def test_explicit_context_is_never_lowered() -> None:
     f = facts(LLAMA_31_8B, LLAMA_31_8B_PARAMS)
-    d = at_boot.fit_profile(f, RTX_4090, {"MODEL_NAME": "m", "MAX_MODEL_LEN": "131072"}, 30)
+    d = at_boot.fit_profile(f, RTX_4090, LaunchProfile.parse({"MODEL_NAME": "m", "MAX_MODEL_LEN": "131072"}), 30)
     assert d.status == "cannot_fit" and d.overrides == {}
     message = d.fatal_message or ""
     assert message.startswith("MODEL_NAME='org/model' does not fit on this 23.5 GiB GPU at MAX_MODEL_LEN=131072")
@@ -576,7 +577,7 @@ def test_explicit_context_is_never_lowered() -> None:
 
 def test_weights_alone_exceed_the_card() -> None:
     f = facts(LLAMA_31_70B, LLAMA_31_70B_PARAMS)
-    d = at_boot.fit_profile(f, RTX_4090, {"MODEL_NAME": "m"}, 30)
+    d = at_boot.fit_profile(f, RTX_4090, LaunchProfile.parse({"MODEL_NAME": "m"}), 30)
     assert d.status == "cannot_fit"
     message = d.fatal_message or ""
     assert "its weights alone take 131.4 GiB per GPU of the 21.6 GiB vLLM may use" in message
@@ -600,7 +601,7 @@ def test_explicit_max_num_seqs_is_lowered_loudly() -> None:
     f = _big_vocab_model()
     length = _context_beyond(f, RTX_4090, {"MAX_NUM_SEQS": "256"})
     env = {"MODEL_NAME": "m", "MAX_NUM_SEQS": "256", "MAX_MODEL_LEN": str(length)}
-    d = at_boot.fit_profile(f, RTX_4090, env, 30)
+    d = at_boot.fit_profile(f, RTX_4090, LaunchProfile.parse(env), 30)
     assert d.configured is not None and d.configured.verdict == "does_not_fit"
     assert d.status == "profile" and d.relaunch.profile == "max_num_seqs=32"
     assert d.overrides == {"MAX_NUM_SEQS": "32"}
@@ -613,7 +614,7 @@ def test_explicit_eager_false_is_overridden_with_the_ladder_warning() -> None:
     loose = {"ENFORCE_EAGER": "false", "MAX_NUM_BATCHED_TOKENS": "8192", "VLLM_EXTRA_ARGS": "--max-num-seqs 256"}
     length = _context_beyond(f, H100, loose)
     env = {"MODEL_NAME": "m", "MAX_MODEL_LEN": str(length), **loose}
-    d = at_boot.fit_profile(f, H100, env, 30)
+    d = at_boot.fit_profile(f, H100, LaunchProfile.parse(env), 30)
     assert d.configured is not None and d.configured.verdict == "does_not_fit"
     assert d.status == "profile" and d.relaunch.profile == "eager"
     assert d.overrides == {"ENFORCE_EAGER": "true"}
@@ -624,7 +625,7 @@ def test_explicit_eager_false_is_overridden_with_the_ladder_warning() -> None:
 
 
 def test_startup_plan_with_preflight_counts_and_config() -> None:
-    sp = cap.startup_plan({"MODEL_NAME": "meta-llama/Llama-3.1-8B-Instruct", "MAX_MODEL_LEN": "8192"}, RTX_4090, 30,
+    sp = cap.startup_plan(LaunchProfile.parse({"MODEL_NAME": "meta-llama/Llama-3.1-8B-Instruct", "MAX_MODEL_LEN": "8192"}), RTX_4090, 30,
                           config=LLAMA_31_8B, safetensors_parameters=LLAMA_31_8B_PARAMS)
     assert sp.status == "as_configured" and sp.fatal_message is None and sp.overrides == {}
     assert sp.log_line.startswith("capacity plan (fits):")
@@ -632,34 +633,34 @@ def test_startup_plan_with_preflight_counts_and_config() -> None:
     assert any("fewer than MAX_CONCURRENCY=30" in w for w in sp.warnings)
     fields = sp.status_fields()
     assert fields["plan"] == "as_configured" and fields["predicted_kv_cache_tokens"] == sp.predicted.kv_cache_tokens
-    eager = sp.predict_for({"MODEL_NAME": "m", "MAX_MODEL_LEN": "8192", "ENFORCE_EAGER": "true"})
+    eager = sp.predict_for(LaunchProfile.parse({"MODEL_NAME": "m", "MAX_MODEL_LEN": "8192", "ENFORCE_EAGER": "true"}))
     assert eager is not None and eager.cudagraph_bytes == 0 and eager.kv_cache_bytes > sp.predicted.kv_cache_bytes
 
 
 def test_startup_plan_is_unknown_when_facts_cannot_be_read(tmp_path: Path) -> None:
-    sp = cap.startup_plan({"MODEL_NAME": str(tmp_path / "missing")}, RTX_4090, 30)
+    sp = cap.startup_plan(LaunchProfile.parse({"MODEL_NAME": str(tmp_path / "missing")}), RTX_4090, 30)
     assert sp.status == "unknown" and sp.overrides == {} and sp.fatal_message is None
     assert "capacity plan unavailable" in sp.log_line and "launching as configured" in sp.log_line
-    assert cap.startup_plan({}, RTX_4090, 30).status == "unknown"
-    unmodeled = cap.startup_plan({"MODEL_NAME": "m"}, RTX_4090, 30, config={**LLAMA_31_8B, "model_type": "qwen3_next"})
+    assert cap.startup_plan(LaunchProfile.parse({}), RTX_4090, 30).status == "unknown"
+    unmodeled = cap.startup_plan(LaunchProfile.parse({"MODEL_NAME": "m"}), RTX_4090, 30, config={**LLAMA_31_8B, "model_type": "qwen3_next"})
     assert unmodeled.status == "unknown"
 
 
 def test_startup_plan_without_a_gpu_figure_only_logs_facts() -> None:
-    sp = cap.startup_plan({"MODEL_NAME": "m"}, None, 30, config=LLAMA_31_8B, safetensors_parameters=LLAMA_31_8B_PARAMS)
+    sp = cap.startup_plan(LaunchProfile.parse({"MODEL_NAME": "m"}), None, 30, config=LLAMA_31_8B, safetensors_parameters=LLAMA_31_8B_PARAMS)
     assert sp.status == "unknown" and "128.0 KiB per token" in sp.log_line
 
 
 def test_startup_plan_on_cpu_with_fixed_kv_memory_is_exact() -> None:
     env = {"MODEL_NAME": "m", "KV_CACHE_MEMORY_BYTES": str(64 * MiB), "MAX_MODEL_LEN": "512"}
-    sp = cap.startup_plan(env, None, 30, platform="cpu", config=LLAMA_31_8B)
+    sp = cap.startup_plan(LaunchProfile.parse(env), None, 30, platform="cpu", config=LLAMA_31_8B)
     assert sp.status == "as_configured" and sp.predicted is not None
     # CPU block 128: 32 layers x 128 x 8 x 2 x 128 x 2 bytes = 16 MiB per block -> 4 blocks, 1 request of 512
     assert (sp.predicted.num_blocks, sp.predicted.kv_cache_tokens) == (4, 512)
 
 
 def test_startup_plan_cannot_fit_answers_with_the_message() -> None:
-    sp = cap.startup_plan({"MODEL_NAME": "m"}, RTX_4090, 30, config=LLAMA_31_70B,
+    sp = cap.startup_plan(LaunchProfile.parse({"MODEL_NAME": "m"}), RTX_4090, 30, config=LLAMA_31_70B,
                           safetensors_parameters=LLAMA_31_70B_PARAMS)
     assert sp.status == "cannot_fit" and sp.fatal_message and "weights alone" in sp.fatal_message
     assert "not launching" in sp.log_line

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from vllm_worker.config.profile import LaunchProfile
 from vllm_worker.engine import gpu_memory as gm
 from vllm_worker.engine.gpu_memory import (
     DEFAULT_GPU_MEMORY_UTILIZATION,
@@ -80,7 +81,7 @@ class Script:
 
     def run(self, env: dict[str, str], timeout: float = 300) -> gm.WaitResult:
         return wait_for_memory(
-            env, timeout=timeout, probe=self.probe, sleep=self.sleep, clock=self.clock, log=self.lines.append
+            LaunchProfile.parse(env), timeout=timeout, probe=self.probe, sleep=self.sleep, clock=self.clock, log=self.lines.append
         )
 
 
@@ -97,20 +98,20 @@ def test_default_utilization_is_vllms() -> None:
 
 def test_need_is_utilization_times_total_rounded_up_as_vllm_does() -> None:
     total = 21_119_434_752  # 19.67 GiB, as cudaMemGetInfo reported it in the field
-    assert need_bytes(total, SEED_ENV) == math.ceil(total * 0.9)
-    assert need_bytes(total, {}) == math.ceil(total * 0.92)
-    assert need_bytes(total, {"GPU_MEMORY_UTILIZATION": "nonsense"}) == math.ceil(total * 0.92)
-    assert need_bytes(total, {"GPU_MEMORY_UTILIZATION": "1.5"}) == math.ceil(total * 0.92)
+    assert need_bytes(total, LaunchProfile.parse(SEED_ENV)) == math.ceil(total * 0.9)
+    assert need_bytes(total, LaunchProfile.parse({})) == math.ceil(total * 0.92)
+    assert need_bytes(total, LaunchProfile.parse({"GPU_MEMORY_UTILIZATION": "nonsense"})) == math.ceil(total * 0.92)
+    assert need_bytes(total, LaunchProfile.parse({"GPU_MEMORY_UTILIZATION": "1.5"})) == math.ceil(total * 0.92)
 
 
 def test_kv_cache_size_keeps_the_cuda_check_but_lifts_the_cpu_one() -> None:
     # vLLM 0.32's Worker.init_device calls request_memory whatever kv_cache_memory_bytes is;
     # CPUWorker skips its check when the size is given, also through VLLM_CPU_KVCACHE_SPACE.
     env = {"KV_CACHE_MEMORY_BYTES": "4G", **SEED_ENV}
-    assert need_bytes(20 * GiB, env, "cuda") == 18 * GiB
-    assert need_bytes(20 * GiB, env, "cpu") is None
-    assert need_bytes(20 * GiB, {"VLLM_CPU_KVCACHE_SPACE": "4"}, "cpu") is None
-    assert need_bytes(20 * GiB, {"VLLM_CPU_KVCACHE_SPACE": "4"}, "cuda") == math.ceil(20 * GiB * 0.92)
+    assert need_bytes(20 * GiB, LaunchProfile.parse(env), "cuda") == 18 * GiB
+    assert need_bytes(20 * GiB, LaunchProfile.parse(env), "cpu") is None
+    assert need_bytes(20 * GiB, LaunchProfile.parse({"VLLM_CPU_KVCACHE_SPACE": "4"}), "cpu") is None
+    assert need_bytes(20 * GiB, LaunchProfile.parse({"VLLM_CPU_KVCACHE_SPACE": "4"}), "cuda") == math.ceil(20 * GiB * 0.92)
 
 
 # ---------------------------------------------------------------- which devices
@@ -131,7 +132,7 @@ def test_kv_cache_size_keeps_the_cuda_check_but_lifts_the_cpu_one() -> None:
     ],
 )
 def test_devices_for(env: dict[str, str], expected: list[int | str]) -> None:
-    assert devices_for(env) == expected
+    assert devices_for(LaunchProfile.parse(env)) == expected
 
 
 # ---------------------------------------------------------------- nvidia-smi
@@ -255,7 +256,7 @@ FOUR_GPUS = [(f"GPU-000{i}-aaaa", 80 * GiB, 512 * MiB, (10 + i) * GiB) for i in 
 def test_nvml_probe_reads_the_physical_devices_cuda_visible_devices_names() -> None:
     on_gpu_3 = [SimpleNamespace(pid=77, usedGpuMemory=60 * GiB), SimpleNamespace(pid=1, usedGpuMemory=None)]
     nvml = fake_nvml(FOUR_GPUS, {3: on_gpu_3})
-    selectors = devices_for({"CUDA_VISIBLE_DEVICES": "2,3,0", "TENSOR_PARALLEL_SIZE": "2"})
+    selectors = devices_for(LaunchProfile.parse({"CUDA_VISIBLE_DEVICES": "2,3,0", "TENSOR_PARALLEL_SIZE": "2"}))
     devices = probe_nvml(selectors, nvml=nvml)
     assert devices is not None
     assert [(d.index, d.free) for d in devices] == [(2, 12 * GiB), (3, 13 * GiB)]
@@ -371,10 +372,10 @@ def test_unknown_memory_launches_at_once_with_one_line() -> None:
 
 def test_real_probe_without_nvml_or_nvidia_smi_is_unknown() -> None:
     if shutil.which("nvidia-smi") is not None or probe_nvml([0]) is not None:
-        assert gm.probe({}) is not None
+        assert gm.probe(LaunchProfile.parse({})) is not None
     else:
         lines: list[str] = []
-        result = wait_for_memory({}, timeout=300, sleep=lambda s: pytest.fail("slept"), log=lines.append)
+        result = wait_for_memory(LaunchProfile.parse({}), timeout=300, sleep=lambda s: pytest.fail("slept"), log=lines.append)
         assert result.outcome == "unknown" and len(lines) == 1
 
 
@@ -420,7 +421,7 @@ def test_kv_mode_on_cuda_still_waits_for_vllms_utilization_check() -> None:
 def test_kv_mode_timeout_names_the_rise() -> None:
     # 34 MiB more every second: 170 MiB per 5-s window, above the 128 MiB tolerance, for 300 s
     samples = [Sample(float(t), [gpu(10 + t / 30, total_gib=40, holders=[PREVIOUS_ENGINE])]) for t in range(301)]
-    decision = decide(samples, KV_ENV, WaitPolicy(timeout_s=300))
+    decision = decide(samples, LaunchProfile.parse(KV_ENV), WaitPolicy(timeout_s=300))
     assert isinstance(decision, Timeout)
     assert "has 20.00 of 40.00 GiB free and still rising" in decision.message
 
@@ -428,26 +429,26 @@ def test_kv_mode_timeout_names_the_rise() -> None:
 def test_decide_is_pure_poll_then_launch() -> None:
     policy = WaitPolicy()
     first = [Sample(0.0, [gpu(8)])]
-    assert decide(first, SEED_ENV, policy) == Poll(
+    assert decide(first, LaunchProfile.parse(SEED_ENV), policy) == Poll(
         1.0, "waiting for GPU memory to be released: 8.00 of 20.00 GiB free, 18.00 GiB needed, 0 s so far"
     )
-    assert decide(first + [Sample(1.0, [gpu(8)])], SEED_ENV, policy) == Poll(1.0, None)
-    assert decide(first + [Sample(1.0, [gpu(18)])], SEED_ENV, policy) == Launch()
-    need = need_bytes(20 * GiB, SEED_ENV)
+    assert decide(first + [Sample(1.0, [gpu(8)])], LaunchProfile.parse(SEED_ENV), policy) == Poll(1.0, None)
+    assert decide(first + [Sample(1.0, [gpu(18)])], LaunchProfile.parse(SEED_ENV), policy) == Launch()
+    need = need_bytes(20 * GiB, LaunchProfile.parse(SEED_ENV))
     assert need is not None
     at_need = DeviceMemory(0, "GPU", 20 * GiB, need, [])
     one_short = DeviceMemory(0, "GPU", 20 * GiB, need - 1, [])
-    assert decide([Sample(0.0, [at_need])], SEED_ENV, policy) == Launch()  # vLLM fails only on free < need
-    assert isinstance(decide([Sample(0.0, [one_short])], SEED_ENV, policy), Poll)
+    assert decide([Sample(0.0, [at_need])], LaunchProfile.parse(SEED_ENV), policy) == Launch()  # vLLM fails only on free < need
+    assert isinstance(decide([Sample(0.0, [one_short])], LaunchProfile.parse(SEED_ENV), policy), Poll)
     near_end = first + [Sample(298.0, [gpu(8)]), Sample(299.5, [gpu(8)])]
-    assert decide(near_end, SEED_ENV, policy) == Poll(0.5, None)
+    assert decide(near_end, LaunchProfile.parse(SEED_ENV), policy) == Poll(0.5, None)
 
 
 # ---------------------------------------------------------------- the CPU backend's figure
 
 
 def test_cpu_probe_reads_this_machine_consistently() -> None:
-    (node,) = probe_cpu({})
+    (node,) = probe_cpu(LaunchProfile.parse({}))
     assert node.kind == "cpu" and node.label == f"memory node {node.index}"
     assert 0 < node.free <= node.total
     meminfo = Path("/proc/meminfo").read_text()
@@ -466,15 +467,15 @@ def test_cpu_probe_matches_vllms_own_figures_on_this_host() -> None:
         "info = get_memory_node_info(node)\n"
         "print(json.dumps([node, info.total_memory, info.available_memory]))\n"
     )
-    before = probe_cpu(os.environ)[0]
+    before = probe_cpu(LaunchProfile.parse(os.environ))[0]
     out = subprocess.run([str(ENGINE_PYTHON), "-c", code], capture_output=True, text=True, timeout=300, check=True)
-    after = probe_cpu(os.environ)[0]
+    after = probe_cpu(LaunchProfile.parse(os.environ))[0]
     node, total, available = json.loads(out.stdout.strip().splitlines()[-1])
     assert (before.index, before.total) == (node, total)
     # available memory moves while vLLM imports; it must lie within what was read around it
     slack = 512 * MiB
     assert min(before.free, after.free) - slack <= available <= max(before.free, after.free) + slack
-    assert need_bytes(total, {}, "cpu") == math.ceil(total * 0.92)
+    assert need_bytes(total, LaunchProfile.parse({}), "cpu") == math.ceil(total * 0.92)
 
 
 def fake_host(tmp_path: Path, *, node_meminfo: bool = True, cgroup_v1: tuple[int, int] | None = None) -> Path:
@@ -505,25 +506,25 @@ def fake_host(tmp_path: Path, *, node_meminfo: bool = True, cgroup_v1: tuple[int
 
 def test_cpu_probe_node_formula_and_node_choice(tmp_path: Path) -> None:
     root = fake_host(tmp_path)
-    (node,) = probe_cpu({}, root=str(root), allowed_cpus={0, 1})
+    (node,) = probe_cpu(LaunchProfile.parse({}), root=str(root), allowed_cpus={0, 1})
     assert node.index == 1  # the node of the first allowed CPU
     assert node.total == 9136333 * 1024
     assert node.free == (5880248 + 1533960 + 1035364 + 192568) * 1024
-    assert probe_cpu({"CPU_VISIBLE_MEMORY_NODES": "0"}, root=str(root), allowed_cpus={0, 1})[0].index == 0
-    assert probe_cpu({}, root=str(root), allowed_cpus={1})[0].index == 0
+    assert probe_cpu(LaunchProfile.parse({"CPU_VISIBLE_MEMORY_NODES": "0"}), root=str(root), allowed_cpus={0, 1})[0].index == 0
+    assert probe_cpu(LaunchProfile.parse({}), root=str(root), allowed_cpus={1})[0].index == 0
 
 
 def test_cpu_probe_clamps_to_a_lower_cgroup_limit(tmp_path: Path) -> None:
     root = fake_host(tmp_path, cgroup_v1=(4 * GiB, 3 * GiB))
-    (node,) = probe_cpu({}, root=str(root), allowed_cpus={1})
+    (node,) = probe_cpu(LaunchProfile.parse({}), root=str(root), allowed_cpus={1})
     assert (node.total, node.free) == (4 * GiB, 1 * GiB)
     unlimited = fake_host(tmp_path / "u", cgroup_v1=(9223372036854771712, 3 * GiB))
-    assert probe_cpu({}, root=str(unlimited), allowed_cpus={1})[0].total == 9136332 * 1024
+    assert probe_cpu(LaunchProfile.parse({}), root=str(unlimited), allowed_cpus={1})[0].total == 9136332 * 1024
 
 
 def test_cpu_probe_without_node_meminfo_uses_memavailable(tmp_path: Path) -> None:
     root = fake_host(tmp_path, node_meminfo=False)
-    (node,) = probe_cpu({}, root=str(root), allowed_cpus={1})
+    (node,) = probe_cpu(LaunchProfile.parse({}), root=str(root), allowed_cpus={1})
     assert (node.total, node.free) == (24684084 * 1024, 23584840 * 1024)
 
 

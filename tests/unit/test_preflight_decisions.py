@@ -15,6 +15,7 @@ import pytest
 from huggingface_hub.errors import HFValidationError, OfflineModeIsEnabled
 from huggingface_hub.utils import hf_raise_for_status
 
+from vllm_worker.config.profile import LaunchProfile
 from vllm_worker.diagnosis import hub_messages
 from vllm_worker.diagnosis.verdict import Failure
 from vllm_worker.diagnosis import startup_errors
@@ -26,7 +27,6 @@ from vllm_worker.model.preflight import (
     Target,
     classify_hub_error,
     failure_message,
-    hub_token,
     should_skip,
     targets,
 )
@@ -57,7 +57,7 @@ HUB = {"MODEL_NAME": "org/model"}
     ],
 )
 def test_deploys_that_do_not_fetch_model_name_from_the_hub_are_skipped(extra: dict, mentions: str) -> None:
-    reason = should_skip({**HUB, **extra})
+    reason = should_skip(LaunchProfile.parse({**HUB, **extra}))
     assert reason is not None and mentions in reason
 
 
@@ -66,14 +66,14 @@ def test_deploys_that_do_not_fetch_model_name_from_the_hub_are_skipped(extra: di
     ["/models/llama", "./llama", "../llama", "~/llama", ".", "/runpod-volume/model.gguf"],
 )
 def test_local_paths_are_skipped(model: str) -> None:
-    assert should_skip({"MODEL_NAME": model}) == "MODEL_NAME is a local path"
+    assert should_skip(LaunchProfile.parse({"MODEL_NAME": model})) == "MODEL_NAME is a local path"
 
 
 def test_an_existing_relative_directory_is_a_local_path(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     (tmp_path / "org" / "model").mkdir(parents=True)
     monkeypatch.chdir(tmp_path)
-    assert should_skip({"MODEL_NAME": "org/model"}) == "MODEL_NAME is a local path"
-    assert should_skip({"MODEL_NAME": "org/other"}) is None
+    assert should_skip(LaunchProfile.parse({"MODEL_NAME": "org/model"})) == "MODEL_NAME is a local path"
+    assert should_skip(LaunchProfile.parse({"MODEL_NAME": "org/other"})) is None
 
 
 @pytest.mark.parametrize(
@@ -81,12 +81,12 @@ def test_an_existing_relative_directory_is_a_local_path(tmp_path, monkeypatch) -
     ["s3://bucket/llama", "gs://bucket/llama", "az://container/llama", "https://example.com/m", "hf://org/model"],
 )
 def test_url_style_sources_are_skipped(model: str) -> None:
-    assert should_skip({"MODEL_NAME": model}) == "MODEL_NAME is a URL, not a Hugging Face repo id"
+    assert should_skip(LaunchProfile.parse({"MODEL_NAME": model})) == "MODEL_NAME is a URL, not a Hugging Face repo id"
 
 
 def test_missing_model_name_is_left_to_the_argument_builder() -> None:
-    assert should_skip({}) == "MODEL_NAME is not set"
-    assert should_skip({"MODEL_NAME": "  "}) == "MODEL_NAME is not set"
+    assert should_skip(LaunchProfile.parse({})) == "MODEL_NAME is not set"
+    assert should_skip(LaunchProfile.parse({"MODEL_NAME": "  "})) == "MODEL_NAME is not set"
 
 
 @pytest.mark.parametrize(
@@ -103,20 +103,20 @@ def test_missing_model_name_is_left_to_the_argument_builder() -> None:
     ],
 )
 def test_hub_deploys_are_checked(extra: dict) -> None:
-    assert should_skip({**HUB, **extra}) is None
+    assert should_skip(LaunchProfile.parse({**HUB, **extra})) is None
 
 
 # --------------------------------------------------------------------------- targets
 
 
 def test_only_the_model_when_the_tokenizer_is_the_model() -> None:
-    assert targets({"MODEL_NAME": "org/m", "MODEL_REVISION": "v1"}) == [Target("org/m", "v1")]
-    assert targets({"MODEL_NAME": "org/m", "TOKENIZER_NAME": "org/m"}) == [Target("org/m", None)]
-    assert targets({}) == []
+    assert targets(LaunchProfile.parse({"MODEL_NAME": "org/m", "MODEL_REVISION": "v1"})) == [Target("org/m", "v1")]
+    assert targets(LaunchProfile.parse({"MODEL_NAME": "org/m", "TOKENIZER_NAME": "org/m"})) == [Target("org/m", None)]
+    assert targets(LaunchProfile.parse({})) == []
 
 
 def test_a_tokenizer_revision_alone_checks_the_model_repo_at_that_revision() -> None:
-    assert targets({"MODEL_NAME": "org/m", "TOKENIZER_REVISION": "tok-v2"}) == [
+    assert targets(LaunchProfile.parse({"MODEL_NAME": "org/m", "TOKENIZER_REVISION": "tok-v2"})) == [
         Target("org/m", None),
         Target("org/m", "tok-v2", "MODEL_NAME", "TOKENIZER_REVISION"),
     ]
@@ -124,20 +124,20 @@ def test_a_tokenizer_revision_alone_checks_the_model_repo_at_that_revision() -> 
 
 def test_a_separate_tokenizer_inherits_model_revision_like_vllm_does() -> None:
     env = {"MODEL_NAME": "org/m", "MODEL_REVISION": "v1", "TOKENIZER_NAME": "org/tok"}
-    assert targets(env) == [Target("org/m", "v1"), Target("org/tok", "v1", "TOKENIZER_NAME", "MODEL_REVISION")]
+    assert targets(LaunchProfile.parse(env)) == [Target("org/m", "v1"), Target("org/tok", "v1", "TOKENIZER_NAME", "MODEL_REVISION")]
     env["TOKENIZER_REVISION"] = "t1"
-    assert targets(env)[1] == Target("org/tok", "t1", "TOKENIZER_NAME", "TOKENIZER_REVISION")
+    assert targets(LaunchProfile.parse(env))[1] == Target("org/tok", "t1", "TOKENIZER_NAME", "TOKENIZER_REVISION")
 
 
 def test_a_local_or_url_tokenizer_is_not_checked() -> None:
-    assert targets({"MODEL_NAME": "org/m", "TOKENIZER_NAME": "/tokenizers/t"}) == [Target("org/m", None)]
-    assert targets({"MODEL_NAME": "org/m", "TOKENIZER_NAME": "s3://b/t"}) == [Target("org/m", None)]
+    assert targets(LaunchProfile.parse({"MODEL_NAME": "org/m", "TOKENIZER_NAME": "/tokenizers/t"})) == [Target("org/m", None)]
+    assert targets(LaunchProfile.parse({"MODEL_NAME": "org/m", "TOKENIZER_NAME": "s3://b/t"})) == [Target("org/m", None)]
 
 
 def test_token_comes_from_hf_token_then_the_legacy_name() -> None:
-    assert hub_token({"HF_TOKEN": "a", "HUGGING_FACE_HUB_TOKEN": "b"}) == "a"
-    assert hub_token({"HF_TOKEN": " ", "HUGGING_FACE_HUB_TOKEN": "b"}) == "b"
-    assert hub_token({}) is None
+    assert LaunchProfile.parse({"HF_TOKEN": "a", "HUGGING_FACE_HUB_TOKEN": "b"}).hf_token == "a"
+    assert LaunchProfile.parse({"HF_TOKEN": " ", "HUGGING_FACE_HUB_TOKEN": "b"}).hf_token == "b"
+    assert LaunchProfile.parse({}).hf_token is None
 
 
 # --------------------------------------------------------------------------- classify_hub_error
@@ -251,7 +251,7 @@ def test_missing_local_path_is_answered_with_the_post_crash_sentence() -> None:
     # What the real CPU engine printed for this path (tests/support/real_texts/README.md).
     real = (Path(__file__).parents[1] / "support" / "real_texts" / "missing_local_path.txt").read_text()
     env = {"MODEL_NAME": "/nonexistent/path", "HF_HUB_OFFLINE": "1"}
-    result = preflight.run(env)
+    result = preflight.run(LaunchProfile.parse(env))
     after_crash = startup_errors.diagnose(Failure.of(real, env["MODEL_NAME"], env=env))
     assert (result.ok, result.kind) == (False, "model_path_missing")
     assert after_crash is not None and after_crash.kind == "model_path_missing"
@@ -261,7 +261,7 @@ def test_missing_local_path_is_answered_with_the_post_crash_sentence() -> None:
 def test_existing_local_path_and_hub_ids_are_not_missing(tmp_path: Path) -> None:
     from vllm_worker.model import preflight
 
-    assert preflight.missing_local_path({"MODEL_NAME": str(tmp_path)}) is None
-    assert preflight.missing_local_path({"MODEL_NAME": "org/model"}) is None
-    assert preflight.missing_local_path({"BAKED_MODEL_PATH": str(tmp_path), "MODEL_NAME": "/nope"}) is None
-    assert preflight.missing_local_path({"BAKED_MODEL_PATH": "/no/such/dir"}) == ("BAKED_MODEL_PATH", "/no/such/dir")
+    assert preflight.missing_local_path(LaunchProfile.parse({"MODEL_NAME": str(tmp_path)})) is None
+    assert preflight.missing_local_path(LaunchProfile.parse({"MODEL_NAME": "org/model"})) is None
+    assert preflight.missing_local_path(LaunchProfile.parse({"BAKED_MODEL_PATH": str(tmp_path), "MODEL_NAME": "/nope"})) is None
+    assert preflight.missing_local_path(LaunchProfile.parse({"BAKED_MODEL_PATH": "/no/such/dir"})) == ("BAKED_MODEL_PATH", "/no/such/dir")

@@ -30,8 +30,8 @@ from vllm_worker.capacity.model_facts import (
     facts_from_hub,
 )
 from vllm_worker.capacity.plan_report import summary_line
-from vllm_worker.capacity.plan_settings import cpu_has_amx, effective_env, env_value, knobs_from_env
-from vllm_worker.config.profile import apply_overrides
+from vllm_worker.capacity.plan_settings import cpu_has_amx, knobs_for, knobs_from_env
+from vllm_worker.config.profile import LaunchProfile, apply_overrides
 
 
 @dataclass
@@ -51,7 +51,7 @@ class FitDecision:
 def fit_profile(
     facts: ModelFacts,
     device_total_bytes: int,
-    env: Mapping[str, str],
+    profile: LaunchProfile,
     max_concurrency: int,
     *,
     device_name: str | None = None,
@@ -70,6 +70,7 @@ def fit_profile(
         knobs = knobs_from_env(launch_env, max_concurrency=max_concurrency, device_name=device_name)
         return plan(facts, device_total_bytes, knobs, max_concurrency=max_concurrency)
 
+    env = profile.env
     configured = plan_for(env)
     decision = FitDecision(status="as_configured", plan=configured, configured=configured)
     if configured.verdict != "does_not_fit":
@@ -92,7 +93,7 @@ def fit_profile(
 
     chosen = next(((s, e, p) for s, e, p in candidates if p.verdict == "fits"), None)
     chosen = chosen or next(((s, e, p) for s, e, p in candidates if p.verdict == "too_close_to_call"), None)
-    explicit_len = env_value(effective_env(env), "MAX_MODEL_LEN") is not None
+    explicit_len = profile.value("MAX_MODEL_LEN") is not None
     if chosen is None and fit_context and not explicit_len and not configured.problems:
         base_step = candidates[0][0] if candidates and candidates[0][0].profile.startswith("max_num_seqs") else None
         overrides = dict(base_step.overrides) if base_step else {}
@@ -126,7 +127,7 @@ def fit_profile(
         decision.status = "cannot_fit"
         decision.plan = best
         decision.fatal_message = cannot_fit_message(
-            facts, configured, best, env, max_concurrency=max_concurrency, device_name=device_name
+            facts, configured, best, profile, max_concurrency=max_concurrency, device_name=device_name
         )
         return decision
     step, launch_env, chosen_plan = chosen
@@ -138,7 +139,7 @@ def fit_profile(
     decision.plan = chosen_plan
     decision.warnings = list(step.warnings)
     for name, value in decision.overrides.items():
-        before = env_value(env, name)
+        before = profile.raw(name)
         if before is not None and value is not None and before != value:
             line = (
                 f"{name}={before} is OVERRIDDEN to {value} for the first launch: the capacity plan predicts the "
@@ -154,7 +155,7 @@ def cannot_fit_message(
     facts: ModelFacts,
     configured: Plan,
     best: Plan,
-    env: Mapping[str, str],
+    profile: LaunchProfile,
     *,
     max_concurrency: int | None = None,
     device_name: str | None = None,
@@ -164,7 +165,7 @@ def cannot_fit_message(
     device = f"{fmt_gib(configured.device_total_bytes)} GiB GPU"
     if configured.gpus > 1:
         device = f"{configured.gpus} x {fmt_gib(configured.device_total_bytes)} GiB GPUs"
-    explicit_len = env_value(effective_env(env), "MAX_MODEL_LEN") is not None
+    explicit_len = profile.value("MAX_MODEL_LEN") is not None
     weights_only = best.weights_bytes + best.non_torch_bytes + best.activation_bytes >= (best.requested_bytes or 0)
     fixes: list[str]
     if configured.problems:
@@ -176,7 +177,7 @@ def cannot_fit_message(
             f"GPU of the {fmt_gib(configured.requested_bytes)} GiB vLLM may use (GPU_MEMORY_UTILIZATION="
             f"{configured.utilization:g}), before any KV cache (predicted before launch)"
         )
-        fixes = _hardware_fixes(facts, configured, env, max_concurrency, device_name, explicit_len)
+        fixes = _hardware_fixes(facts, configured, profile, max_concurrency, device_name, explicit_len)
     else:
         where = (
             f"MAX_MODEL_LEN={configured.max_model_len}"
@@ -198,13 +199,13 @@ def cannot_fit_message(
 def _hardware_fixes(
     facts: ModelFacts,
     configured: Plan,
-    env: Mapping[str, str],
+    profile: LaunchProfile,
     max_concurrency: int | None,
     device_name: str | None,
     explicit_len: bool,
 ) -> list[str]:
     """More GPUs or a larger card that hold the weights and a useful context (MAX_MODEL_LEN=auto when unset)."""
-    launch = dict(env)
+    launch = dict(profile.env)
     if not explicit_len:
         launch["MAX_MODEL_LEN"] = "auto"
     want = min(MIN_USEFUL_CONTEXT, facts.max_context)
@@ -255,12 +256,12 @@ class StartupPlan:
     platform: str = "cuda"
     max_concurrency: int = 1
 
-    def predict_for(self, launch_env: Mapping[str, str]) -> Plan | None:
+    def predict_for(self, profile: LaunchProfile) -> Plan | None:
         """The plan for another launch configuration (after a relaunch), without reading the model again."""
         if self.facts is None:
             return None
         try:
-            knobs = knobs_from_env(launch_env, max_concurrency=self.max_concurrency, platform=self.platform,
+            knobs = knobs_for(profile, max_concurrency=self.max_concurrency, platform=self.platform,
                                    device_name=self.device_name, cpu_amx=self.platform == "cpu" and cpu_has_amx())
             return plan(self.facts, self.device_total_bytes, knobs, with_changes=False)
         except CapacityError:
@@ -289,7 +290,7 @@ class StartupPlan:
 
 
 def startup_plan(
-    env: Mapping[str, str],
+    profile: LaunchProfile,
     device_total_bytes: int | None,
     max_concurrency: int,
     *,
@@ -311,9 +312,9 @@ def startup_plan(
     """
     try:
         if facts is None:
-            facts = _startup_facts(env, safetensors_parameters, config, timeout)
+            facts = _startup_facts(profile, safetensors_parameters, config, timeout)
         if device_total_bytes is None or platform == "cpu":
-            knobs = knobs_from_env(env, max_concurrency=max_concurrency, platform=platform, device_name=device_name,
+            knobs = knobs_for(profile, max_concurrency=max_concurrency, platform=platform, device_name=device_name,
                                    cpu_amx=platform == "cpu" and cpu_has_amx())
             if knobs.kv_cache_memory_bytes is None:
                 per_token = kv_bytes_per_token(facts, knobs.tensor_parallel_size, knobs.kv_cache_dtype, knobs.dtype)
@@ -330,13 +331,11 @@ def startup_plan(
                                warnings=_concurrency_warning(predicted, max_concurrency), facts=facts,
                                device_total_bytes=device_total_bytes, device_name=device_name,
                                platform=platform, max_concurrency=max_concurrency)
-        decision = fit_profile(facts, device_total_bytes, env, max_concurrency, device_name=device_name)
+        decision = fit_profile(facts, device_total_bytes, profile, max_concurrency, device_name=device_name)
     except Exception as exc:  # noqa: BLE001 - a plan must never block the boot
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"):
-            token = env_value(env, name)
-            if token:
-                reason = reason.replace(token, "***")
+        if profile.hf_token:
+            reason = reason.replace(profile.hf_token, "***")
         return StartupPlan(status="unknown", log_line=f"capacity plan unavailable ({reason}); launching as configured")
     assert decision.plan is not None
     line = summary_line(decision.plan)
@@ -375,31 +374,30 @@ def _concurrency_warning(p: Plan, max_concurrency: int) -> list[str]:
 
 
 def _startup_facts(
-    env: Mapping[str, str],
+    profile: LaunchProfile,
     safetensors_parameters: Mapping[str, int] | None,
     config: Mapping[str, Any] | None,
     timeout: float,
 ) -> ModelFacts:
-    merged = effective_env(env)
-    baked = env_value(merged, "BAKED_MODEL_PATH")
-    model = baked or env_value(merged, "MODEL_NAME")
+    baked = profile.baked_model_path
+    model = profile.served_model
     if model is None:
         raise CapacityError("MODEL_NAME is not set")
+    source = profile.model or model
     if config is not None:
-        return facts_from_config(config, safetensors_parameters, source=env_value(merged, "MODEL_NAME") or model)
+        return facts_from_config(config, safetensors_parameters, source=source)
     if baked or model.startswith(("/", "./", "../", "~")) or Path(model).expanduser().is_dir():
-        facts = facts_from_folder(model)
-        return replace(facts, source=env_value(merged, "MODEL_NAME") or model)
+        return replace(facts_from_folder(model), source=source)
     if "://" in model:
         raise CapacityError(f"{model} is not a Hub repository or a local folder")
-    offline = (env_value(merged, "HF_HUB_OFFLINE") or "").lower() in ("1", "true", "yes", "on")
-    if offline:
-        return facts_from_cache(model, env_value(merged, "MODEL_REVISION") or env_value(merged, "REVISION"))
+    if profile.offline is not None:
+        # HF_HUB_OFFLINE or TRANSFORMERS_OFFLINE: nothing of the start asks the Hub.
+        return facts_from_cache(model, profile.revision)
     return facts_from_hub(
         model,
-        revision=env_value(merged, "MODEL_REVISION") or env_value(merged, "REVISION"),
-        token=env_value(merged, "HF_TOKEN") or env_value(merged, "HUGGING_FACE_HUB_TOKEN"),
-        endpoint=env_value(merged, "HF_ENDPOINT"),
+        revision=profile.revision,
+        token=profile.hf_token,
+        endpoint=profile.hf_endpoint,
         timeout=timeout,
         param_counts=safetensors_parameters,
     )

@@ -413,7 +413,7 @@ def facts_from_hub(
     from huggingface_hub import HfApi, hf_hub_url
     from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
 
-    base = (endpoint or os.environ.get("HF_ENDPOINT") or "https://huggingface.co").rstrip("/")
+    base = (endpoint or "https://huggingface.co").rstrip("/")
     url = hf_hub_url(repo, "config.json", revision=revision, endpoint=base)
     headers = build_hf_headers(token=token or False, library_name="vllm-worker")
     response = get_session().get(url, headers=headers, timeout=timeout, follow_redirects=True)

@@ -20,7 +20,8 @@ from vllm_worker.capacity.gpus import find_card
 from vllm_worker.capacity.kv_cache import kv_dtype_bytes
 from vllm_worker.capacity.memory_budget import VERDICT_TEXT, Plan, fmt_gib, fmt_tokens, plan
 from vllm_worker.capacity.model_facts import GiB, CapacityError, ModelFacts, facts_from_cache, facts_from_folder, facts_from_hub
-from vllm_worker.capacity.plan_settings import DEFAULT_UTILIZATION, knobs_from_env, parse_size
+from vllm_worker.capacity.plan_settings import knobs_from_env, parse_size
+from vllm_worker.config.profile import DEFAULT_GPU_MEMORY_UTILIZATION, LaunchProfile
 from vllm_worker.model.preflight import Target, classify_hub_error, failure_message
 
 CLI_DEFAULT_GPU_BYTES = 24 * GiB
@@ -142,7 +143,7 @@ def _cli_parser() -> argparse.ArgumentParser:
     where.add_argument("--gpu-memory", help="memory of one GPU, e.g. 24GiB or 80GB (CUDA's total)")
     where.add_argument("--gpu", help="a card name from the table, e.g. 'RTX 4090', 'H100', 'L40S'")
     p.add_argument("--gpus", type=int, default=None, help="GPUs (tensor parallel size when --tensor-parallel-size is not given)")
-    p.add_argument("--utilization", type=float, default=None, help=f"GPU_MEMORY_UTILIZATION (default {DEFAULT_UTILIZATION})")
+    p.add_argument("--utilization", type=float, default=None, help=f"GPU_MEMORY_UTILIZATION (default {DEFAULT_GPU_MEMORY_UTILIZATION})")
     p.add_argument("--max-model-len", default=None, help="context length (default: the model's; 'auto' fits what the memory holds)")
     p.add_argument("--max-num-seqs", type=int, default=None, help="default: the worker's, a multiple of 8 >= --max-concurrency")
     p.add_argument("--max-concurrency", type=int, default=30, help="the worker's MAX_CONCURRENCY (default 30)")
@@ -163,6 +164,7 @@ def plan_cli(argv: Sequence[str]) -> int:
     args = parser.parse_args(list(argv))
     env: dict[str, str] = {}
     device_name: str | None = None
+    hub = LaunchProfile.parse(os.environ)
     try:
         if args.gpu:
             card = find_card(args.gpu)
@@ -186,14 +188,14 @@ def plan_cli(argv: Sequence[str]) -> int:
                 env[name] = str(value)
         if args.enforce_eager:
             env["ENFORCE_EAGER"] = "true"
-        facts = _cli_facts(args.model, args.revision)
+        facts = _cli_facts(args.model, args.revision, hub)
         knobs = knobs_from_env(env, max_concurrency=args.max_concurrency, device_name=device_name)
         knobs = replace(knobs, compile_cache=args.compile_cache)
         result = plan(facts, total, knobs, max_concurrency=args.max_concurrency)
         if not (args.gpu or args.gpu_memory):
             result = replace(result, notes=(*result.notes, "no --gpu or --gpu-memory given: planned for a 24 GiB GPU"))
     except Exception as exc:  # noqa: BLE001 - the CLI reports every failure in one line
-        message = _cli_error(exc, args.model)
+        message = _cli_error(exc, args.model, hub.token_set)
         if args.json:
             print(json.dumps({"error": message}))
         else:
@@ -208,23 +210,23 @@ def plan_cli(argv: Sequence[str]) -> int:
     return 0 if result.verdict != "does_not_fit" else 1
 
 
-def _cli_facts(model: str, revision: str | None) -> ModelFacts:
+def _cli_facts(model: str, revision: str | None, hub: LaunchProfile) -> ModelFacts:
+    """The model's facts from a folder, the local cache (offline) or the Hub, as `hub` (the shell's
+    token, endpoint and offline switch) allows."""
     path = Path(model).expanduser()
     if path.is_dir():
         return facts_from_folder(path)
-    token = os.environ.get("HF_TOKEN") or os.environ.get("HUGGING_FACE_HUB_TOKEN") or None
-    if (os.environ.get("HF_HUB_OFFLINE") or "").lower() in ("1", "true", "yes", "on"):
+    if hub.offline is not None:
         return facts_from_cache(model, revision)
-    return facts_from_hub(model, revision=revision, token=token, endpoint=os.environ.get("HF_ENDPOINT"))
+    return facts_from_hub(model, revision=revision, token=hub.hf_token, endpoint=hub.hf_endpoint)
 
 
-def _cli_error(exc: BaseException, model: str) -> str:
+def _cli_error(exc: BaseException, model: str, token_set: bool) -> str:
     if isinstance(exc, CapacityError):
         return str(exc)
     try:
         kind, definitive = classify_hub_error(exc)
         if definitive:
-            token_set = bool(os.environ.get("HF_TOKEN"))
             text = failure_message(kind, Target(model, None, "MODEL", "--revision"), token_set)
             if text:
                 return text

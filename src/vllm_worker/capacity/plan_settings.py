@@ -9,18 +9,17 @@ module turns the one into the other and nothing else: what those settings cost i
 from __future__ import annotations
 
 import re
-import shlex
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
-from vllm_worker.config.env import parse_human_int
 from vllm_worker.capacity.model_facts import GiB, CapacityError
+from vllm_worker.config.env import bool_word, parse_human_int
+from vllm_worker.config.profile import DEFAULT_GPU_MEMORY_UTILIZATION, LaunchProfile
 from vllm_worker.config.settings import multiple_of_8_at_least
 
 if TYPE_CHECKING:
     from vllm_worker.capacity.budget_versions import Budgeting
 
-DEFAULT_UTILIZATION = 0.92  # config/cache.py gpu_memory_utilization default (also startup_errors)
 
 
 def parse_size(text: str) -> int:
@@ -35,76 +34,8 @@ def parse_size(text: str) -> int:
     return int(float(number) * base**power)
 
 
-_TRUE = {"true", "1", "yes", "on"}
-_FALSE = {"false", "0", "no", "off"}
-
-# VLLM_EXTRA_ARGS flags that change the plan -> env name they stand for.
-_EXTRA_FLAGS = {
-    "--max-model-len": "MAX_MODEL_LEN",
-    "--max-num-seqs": "MAX_NUM_SEQS",
-    "--max-num-batched-tokens": "MAX_NUM_BATCHED_TOKENS",
-    "--gpu-memory-utilization": "GPU_MEMORY_UTILIZATION",
-    "--kv-cache-memory-bytes": "KV_CACHE_MEMORY_BYTES",
-    "--kv-cache-memory": "KV_CACHE_MEMORY_BYTES",
-    "--kv-cache-dtype": "KV_CACHE_DTYPE",
-    "--tensor-parallel-size": "TENSOR_PARALLEL_SIZE",
-    "-tp": "TENSOR_PARALLEL_SIZE",
-    "--pipeline-parallel-size": "PIPELINE_PARALLEL_SIZE",
-    "-pp": "PIPELINE_PARALLEL_SIZE",
-    "--block-size": "BLOCK_SIZE",
-    "--dtype": "DTYPE",
-    "--quantization": "QUANTIZATION",
-    "-q": "QUANTIZATION",
-    "--num-gpu-blocks-override": "NUM_GPU_BLOCKS_OVERRIDE",
-    "--cpu-offload-gb": "CPU_OFFLOAD_GB",
-}
-_EXTRA_BOOLS = {
-    "--enforce-eager": ("ENFORCE_EAGER", "true"),
-    "--no-enforce-eager": ("ENFORCE_EAGER", "false"),
-    "--disable-sliding-window": ("DISABLE_SLIDING_WINDOW", "true"),
-    "--disable-hybrid-kv-cache-manager": ("DISABLE_HYBRID_KV_CACHE_MANAGER", "true"),
-    "--no-enable-chunked-prefill": ("ENABLE_CHUNKED_PREFILL", "false"),
-    "--no-async-scheduling": ("ASYNC_SCHEDULING", "false"),
-}
-
-
-def effective_env(env: Mapping[str, str]) -> dict[str, str]:
-    """The env with VLLM_EXTRA_ARGS flags folded in (they come last on the command line, so they win)."""
-    merged = {k: v for k, v in env.items() if v is not None}
-    raw = (env.get("VLLM_EXTRA_ARGS") or "").strip()
-    if not raw:
-        return merged
-    try:
-        words = shlex.split(raw)
-    except ValueError:
-        return merged
-    i = 0
-    while i < len(words):
-        word = words[i]
-        flag, _, inline = word.partition("=")
-        if flag.startswith("--"):
-            flag = "--" + flag[2:].replace("_", "-")
-        if flag in _EXTRA_BOOLS:
-            name, value = _EXTRA_BOOLS[flag]
-            merged[name] = value
-        elif flag in _EXTRA_FLAGS:
-            value = inline if inline else (words[i + 1] if i + 1 < len(words) else "")
-            if not inline:
-                i += 1
-            merged[_EXTRA_FLAGS[flag]] = value
-        i += 1
-    return merged
-
-
-def env_value(env: Mapping[str, str], name: str) -> str | None:
-    value = env.get(name)
-    if value is None or str(value).strip() == "":
-        return None
-    return str(value).strip()
-
-
-def _int(env: Mapping[str, str], name: str, *, zero_unset: bool = True, human: bool = False) -> int | None:
-    value = env_value(env, name)
+def _int(profile: LaunchProfile, name: str, *, zero_unset: bool = True, human: bool = False) -> int | None:
+    value = profile.value(name)
     if value is None:
         return None
     try:
@@ -114,15 +45,14 @@ def _int(env: Mapping[str, str], name: str, *, zero_unset: bool = True, human: b
     return None if zero_unset and number == 0 else number
 
 
-def _bool(env: Mapping[str, str], name: str) -> bool | None:
-    value = env_value(env, name)
+def _bool(profile: LaunchProfile, name: str) -> bool | None:
+    value = profile.value(name)
     if value is None:
         return None
-    if value.lower() in _TRUE:
-        return True
-    if value.lower() in _FALSE:
-        return False
-    raise CapacityError(f"{name}={value!r} is not true or false")
+    word = bool_word(value)
+    if word is None:
+        raise CapacityError(f"{name}={value!r} is not true or false")
+    return word
 
 
 @dataclass(frozen=True)
@@ -130,7 +60,7 @@ class Knobs:
     """The settings that decide the memory budget, resolved to what vLLM 0.32 will use."""
 
     platform: str = "cuda"  # "cuda" or "cpu"
-    utilization: float = DEFAULT_UTILIZATION
+    utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION
     max_model_len: int | None = None  # None: the model's full context; -1: auto-fit
     max_num_seqs: int | None = None  # None: vLLM's default for the card
     max_num_batched_tokens: int | None = None  # None: vLLM's default for the card
@@ -159,56 +89,60 @@ class Knobs:
     cpu_amx: bool = False  # CPU engine on an AMX CPU: MLA runs AMX_MLA (block 128), not the reference kernel (16)
 
 
-def knobs_from_env(
-    env: Mapping[str, str],
+def knobs_for(
+    profile: LaunchProfile,
     *,
     max_concurrency: int | None = None,
     platform: str = "cuda",
     device_name: str | None = None,
     cpu_amx: bool = False,
 ) -> Knobs:
-    """Knobs from the worker's variables (and VLLM_EXTRA_ARGS). MAX_NUM_SEQS defaults as the worker's."""
-    env = effective_env(env)
-    util = env_value(env, "GPU_MEMORY_UTILIZATION")
+    """Knobs from a launch profile (VLLM_EXTRA_ARGS and vLLM's spellings already folded in).
+    MAX_NUM_SEQS defaults as the worker's; CapacityError names a value the plan cannot read."""
+    util = profile.value("GPU_MEMORY_UTILIZATION")
     try:
-        utilization = float(util) if util is not None else DEFAULT_UTILIZATION
+        utilization = float(util) if util is not None else DEFAULT_GPU_MEMORY_UTILIZATION
     except ValueError:
         raise CapacityError(f"GPU_MEMORY_UTILIZATION={util!r} is not a number") from None
-    raw_len = env_value(env, "MAX_MODEL_LEN")
+    raw_len = profile.value("MAX_MODEL_LEN")
     if raw_len is not None and (raw_len.lower() == "auto" or raw_len == "-1"):
         max_model_len: int | None = -1
     else:
-        max_model_len = _int(env, "MAX_MODEL_LEN", human=True)
-    seqs = _int(env, "MAX_NUM_SEQS")
+        max_model_len = _int(profile, "MAX_MODEL_LEN", human=True)
+    seqs = _int(profile, "MAX_NUM_SEQS")
     if seqs is None and max_concurrency is not None:
         seqs = multiple_of_8_at_least(max_concurrency)
-    estimate = (env_value(env, "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS") or "1").lower() not in _FALSE
-    offload = env_value(env, "CPU_OFFLOAD_GB")
+    offload = profile.value("CPU_OFFLOAD_GB")
     return Knobs(
         platform=platform,
         utilization=utilization,
         max_model_len=max_model_len,
         max_num_seqs=seqs,
-        max_num_batched_tokens=_int(env, "MAX_NUM_BATCHED_TOKENS", human=True),
-        kv_cache_dtype=(env_value(env, "KV_CACHE_DTYPE") or "auto").lower(),
-        kv_cache_memory_bytes=_int(env, "KV_CACHE_MEMORY_BYTES", human=True),
-        tensor_parallel_size=_int(env, "TENSOR_PARALLEL_SIZE") or 1,
-        pipeline_parallel_size=_int(env, "PIPELINE_PARALLEL_SIZE") or 1,
-        enforce_eager=bool(_bool(env, "ENFORCE_EAGER")),
-        dtype=(env_value(env, "DTYPE") or "auto").lower(),
-        quantization=(env_value(env, "QUANTIZATION") or None),
-        block_size=_int(env, "BLOCK_SIZE"),
-        num_gpu_blocks_override=_int(env, "NUM_GPU_BLOCKS_OVERRIDE"),
-        disable_sliding_window=bool(_bool(env, "DISABLE_SLIDING_WINDOW")),
-        disable_hybrid_kv_cache_manager=bool(_bool(env, "DISABLE_HYBRID_KV_CACHE_MANAGER")),
-        chunked_prefill=_bool(env, "ENABLE_CHUNKED_PREFILL") is not False,
-        async_scheduling=_bool(env, "ASYNC_SCHEDULING"),
+        max_num_batched_tokens=_int(profile, "MAX_NUM_BATCHED_TOKENS", human=True),
+        kv_cache_dtype=(profile.value("KV_CACHE_DTYPE") or "auto").lower(),
+        kv_cache_memory_bytes=_int(profile, "KV_CACHE_MEMORY_BYTES", human=True),
+        tensor_parallel_size=_int(profile, "TENSOR_PARALLEL_SIZE") or 1,
+        pipeline_parallel_size=_int(profile, "PIPELINE_PARALLEL_SIZE") or 1,
+        enforce_eager=bool(_bool(profile, "ENFORCE_EAGER")),
+        dtype=(profile.value("DTYPE") or "auto").lower(),
+        quantization=(profile.value("QUANTIZATION") or None),
+        block_size=_int(profile, "BLOCK_SIZE"),
+        num_gpu_blocks_override=_int(profile, "NUM_GPU_BLOCKS_OVERRIDE"),
+        disable_sliding_window=bool(_bool(profile, "DISABLE_SLIDING_WINDOW")),
+        disable_hybrid_kv_cache_manager=bool(_bool(profile, "DISABLE_HYBRID_KV_CACHE_MANAGER")),
+        chunked_prefill=_bool(profile, "ENABLE_CHUNKED_PREFILL") is not False,
+        async_scheduling=_bool(profile, "ASYNC_SCHEDULING"),
         cpu_offload_bytes=int(float(offload) * GiB) if offload else 0,
-        estimate_cudagraphs=estimate,
-        allow_long_max_model_len=(env_value(env, "VLLM_ALLOW_LONG_MAX_MODEL_LEN") or "0").lower() not in _FALSE,
+        estimate_cudagraphs=bool_word(profile.value("VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS")) is not False,
+        allow_long_max_model_len=bool_word(profile.value("VLLM_ALLOW_LONG_MAX_MODEL_LEN")) is True,
         device_name=device_name,
         cpu_amx=cpu_amx,
     )
+
+
+def knobs_from_env(env: Mapping[str, str], **kwargs: Any) -> Knobs:
+    """`knobs_for` a mapping of variables (the plan CLI's flags, tests)."""
+    return knobs_for(LaunchProfile.parse(env), **kwargs)
 
 
 # =====================================================================================

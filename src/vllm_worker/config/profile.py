@@ -228,6 +228,7 @@ class LaunchProfile:
     kv_cache_dtype: str
     tensor_parallel_size: int
     pipeline_parallel_size: int
+    data_parallel_size: int
     trust_remote_code: bool | None
     kv_cache: KvCacheSize | None  # the size fixed for a GPU engine
     kv_cache_cpu: KvCacheSize | None  # the size fixed for the CPU engine (VLLM_CPU_KVCACHE_SPACE wins there)
@@ -265,8 +266,9 @@ class LaunchProfile:
             enforce_eager=envs.bool_word(values.get("ENFORCE_EAGER")),
             gpu_memory_utilization=_float(values.get("GPU_MEMORY_UTILIZATION")),
             kv_cache_dtype=values.get("KV_CACHE_DTYPE", "auto").lower(),
-            tensor_parallel_size=_whole(values.get("TENSOR_PARALLEL_SIZE")) or 1,
-            pipeline_parallel_size=_whole(values.get("PIPELINE_PARALLEL_SIZE")) or 1,
+            tensor_parallel_size=max(_whole(values.get("TENSOR_PARALLEL_SIZE")) or 1, 1),
+            pipeline_parallel_size=max(_whole(values.get("PIPELINE_PARALLEL_SIZE")) or 1, 1),
+            data_parallel_size=max(_whole(values.get("DATA_PARALLEL_SIZE")) or 1, 1),
             trust_remote_code=envs.bool_word(values.get("TRUST_REMOTE_CODE")),
             kv_cache=explicit_kv_cache_size(env),
             kv_cache_cpu=explicit_kv_cache_size(env, cpu=True),

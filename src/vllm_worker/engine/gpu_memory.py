@@ -38,10 +38,11 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Literal, Mapping, Sequence
 
+from vllm_worker.config.profile import DEFAULT_GPU_MEMORY_UTILIZATION, LaunchProfile
+
 GiB = 1 << 30
 MiB = 1 << 20
 
-DEFAULT_GPU_MEMORY_UTILIZATION = 0.92  # vllm/config/cache.py:102 (vLLM 0.32)
 TIMEOUT_VARIABLE = "GPU_MEMORY_WAIT_TIMEOUT"
 
 Platform = Literal["auto", "cuda", "cpu"]
@@ -128,44 +129,33 @@ class WaitResult:
 # ---------------------------------------------------------------- the launch's settings
 
 
-def _positive_int(env: Mapping[str, str], name: str) -> int:
-    try:
-        value = int((env.get(name) or "").strip())
-    except ValueError:
-        return 1
-    return value if value > 0 else 1
-
-
-def utilization(env: Mapping[str, str]) -> float:
+def utilization(profile: LaunchProfile) -> float:
     """GPU_MEMORY_UTILIZATION, or vLLM's default; a bad value is args_builder's to report."""
-    try:
-        value = float((env.get("GPU_MEMORY_UTILIZATION") or "").strip())
-    except ValueError:
-        return DEFAULT_GPU_MEMORY_UTILIZATION
-    return value if 0 < value <= 1 else DEFAULT_GPU_MEMORY_UTILIZATION
+    value = profile.gpu_memory_utilization
+    return value if value is not None and 0 < value <= 1 else DEFAULT_GPU_MEMORY_UTILIZATION
 
 
-def kv_cache_size_set(env: Mapping[str, str], platform: str = "cuda") -> bool:
+def kv_cache_size_set(profile: LaunchProfile, platform: str = "cuda") -> bool:
     """Whether the launch fixes the KV cache size instead of deriving it from the utilization."""
-    if (env.get("KV_CACHE_MEMORY_BYTES") or "").strip():
+    if profile.value("KV_CACHE_MEMORY_BYTES") is not None:
         return True
     # vLLM's CPU platform turns this legacy variable into kv_cache_memory_bytes (platforms/cpu.py:324).
-    return platform == "cpu" and env.get("VLLM_CPU_KVCACHE_SPACE", "") != ""
+    return platform == "cpu" and profile.raw("VLLM_CPU_KVCACHE_SPACE") is not None
 
 
-def need_bytes(total: int, env: Mapping[str, str], platform: str = "cuda") -> int | None:
+def need_bytes(total: int, profile: LaunchProfile, platform: str = "cuda") -> int | None:
     """The free memory vLLM 0.32 demands at startup, or None where it checks nothing.
 
     CUDA checks ``ceil(total x utilization)`` on every launch (gpu_worker.py:535 calls
     ``request_memory`` whatever kv_cache_memory_bytes is); the CPU backend skips its check when the
     KV cache size is given (cpu_worker.py:79-81).
     """
-    if platform == "cpu" and kv_cache_size_set(env, "cpu"):
+    if platform == "cpu" and kv_cache_size_set(profile, "cpu"):
         return None
-    return math.ceil(total * utilization(env))
+    return math.ceil(total * utilization(profile))
 
 
-def devices_for(env: Mapping[str, str]) -> list[Selector]:
+def devices_for(profile: LaunchProfile) -> list[Selector]:
     """The devices the engine will use: the first DP x TP x PP of those CUDA makes visible.
 
     vLLM gives local rank r the r-th visible device (data-parallel rank d takes the d-th block of
@@ -173,11 +163,9 @@ def devices_for(env: Mapping[str, str]) -> list[Selector]:
     in PCI order, which is also CUDA's order for identical GPUs (vLLM itself asks for
     CUDA_DEVICE_ORDER=PCI_BUS_ID on mixed ones), so a visible index is an NVML index.
     """
-    count = math.prod(
-        _positive_int(env, name) for name in ("DATA_PARALLEL_SIZE", "TENSOR_PARALLEL_SIZE", "PIPELINE_PARALLEL_SIZE")
-    )
-    raw = env.get("CUDA_VISIBLE_DEVICES")
-    if raw is None or raw.strip() == "":  # vLLM treats an empty value as unset (platforms/interface.py:304)
+    count = profile.data_parallel_size * profile.tensor_parallel_size * profile.pipeline_parallel_size
+    raw = profile.raw("CUDA_VISIBLE_DEVICES")
+    if raw is None:  # vLLM treats an empty value as unset (platforms/interface.py:304)
         return list(range(count))
     visible: list[Selector] = []
     for part in (p.strip() for p in raw.split(",")):
@@ -380,7 +368,7 @@ def _id_list(raw: str) -> list[int]:
     return sorted(set(ids))
 
 
-def _memory_node(env: Mapping[str, str], root: str, allowed_cpus: set[int]) -> int:
+def _memory_node(profile: LaunchProfile, root: str, allowed_cpus: set[int]) -> int:
     """The NUMA node CPUWorker.__init__ measures (cpu_worker.py:43-72)."""
     mems_allowed: list[int] = []
     with open(os.path.join(root, "proc/self/status")) as f:
@@ -388,8 +376,9 @@ def _memory_node(env: Mapping[str, str], root: str, allowed_cpus: set[int]) -> i
             if line.startswith("Mems_allowed_list:"):
                 mems_allowed = _id_list(line.split(":")[1].strip())
     visible = mems_allowed
-    if "VLLM_CPU_SIM_MULTI_NUMA" not in env and env.get("CPU_VISIBLE_MEMORY_NODES", "") != "":
-        wanted = [int(s) for s in env["CPU_VISIBLE_MEMORY_NODES"].split(",")]
+    nodes = profile.raw("CPU_VISIBLE_MEMORY_NODES")
+    if "VLLM_CPU_SIM_MULTI_NUMA" not in profile.env and nodes is not None:
+        wanted = [int(s) for s in nodes.split(",")]
         visible = [node for node in wanted if node in mems_allowed]
     # vLLM takes the node of the first allowed CPU in lscpu's order; lscpu reads it from sysfs, "-" is 0.
     first_cpu = min(allowed_cpus)
@@ -411,7 +400,7 @@ def _meminfo(path: str, prefix_words: int) -> dict[str, int]:
 
 
 def probe_cpu(
-    env: Mapping[str, str] | None = None, root: str = "/", allowed_cpus: set[int] | None = None
+    profile: LaunchProfile | None = None, root: str = "/", allowed_cpus: set[int] | None = None
 ) -> list[DeviceMemory]:
     """The memory figure vLLM 0.32's CPU backend checks at startup, computed as it computes it.
 
@@ -420,9 +409,9 @@ def probe_cpu(
     clamped to the cgroup limit when it is lower; without one, psutil's total and available
     (/proc/meminfo MemTotal and MemAvailable).
     """
-    env = os.environ if env is None else env
+    profile = LaunchProfile.parse(os.environ) if profile is None else profile
     allowed = allowed_cpus if allowed_cpus is not None else os.sched_getaffinity(0)
-    node = _memory_node(env, root, allowed)
+    node = _memory_node(profile, root, allowed)
     node_path = os.path.join(root, f"sys/devices/system/node/node{node}/meminfo")
     if not os.path.exists(node_path):
         info = _meminfo(os.path.join(root, "proc/meminfo"), 0)
@@ -449,11 +438,11 @@ def _cgroup_limit_and_usage(root: str) -> tuple[int | None, int | None]:
     return v1_limit, _read_int_file(os.path.join(root, "sys/fs/cgroup/memory/memory.usage_in_bytes"))
 
 
-def probe(env: Mapping[str, str], platform: Platform = "auto") -> list[DeviceMemory] | None:
+def probe(profile: LaunchProfile, platform: Platform = "auto") -> list[DeviceMemory] | None:
     """The memory of every device the launch will use; None when it cannot be read."""
     if platform == "cpu":
-        return probe_cpu(env)
-    selectors = devices_for(env)
+        return probe_cpu(profile)
+    selectors = devices_for(profile)
     if not selectors:
         return None
     devices = probe_nvml(selectors)
@@ -512,14 +501,14 @@ class _Shortfall:
         return f"{text} and still rising"
 
 
-def _shortfalls(samples: Sequence[Sample], env: Mapping[str, str], policy: WaitPolicy) -> list[_Shortfall]:
+def _shortfalls(samples: Sequence[Sample], profile: LaunchProfile, policy: WaitPolicy) -> list[_Shortfall]:
     """The devices not ready yet; all must be ready, so the slowest device decides."""
     out = []
     for device in samples[-1].devices:
         platform = "cpu" if device.kind == "cpu" else "cuda"
-        need = need_bytes(device.total, env, platform)
+        need = need_bytes(device.total, profile, platform)
         short = need is not None and device.free < need
-        rising = kv_cache_size_set(env, platform) and not settled(samples, device.index, policy)
+        rising = kv_cache_size_set(profile, platform) and not settled(samples, device.index, policy)
         if short or rising:
             out.append(_Shortfall(device, need, short, rising))
     return out
@@ -564,11 +553,11 @@ def timeout_message(shortfalls: Sequence[_Shortfall], devices: Sequence[DeviceMe
     )
 
 
-def decide(samples: Sequence[Sample], env: Mapping[str, str], policy: WaitPolicy) -> Decision:
+def decide(samples: Sequence[Sample], profile: LaunchProfile, policy: WaitPolicy) -> Decision:
     """Launch, poll again (with a progress line every few seconds), or give up; now is the latest probe."""
     latest = samples[-1]
     elapsed = latest.at - samples[0].at
-    shortfalls = _shortfalls(samples, env, policy)
+    shortfalls = _shortfalls(samples, profile, policy)
     if not shortfalls:
         return Launch()
     remaining = policy.timeout_s - elapsed
@@ -584,7 +573,7 @@ def decide(samples: Sequence[Sample], env: Mapping[str, str], policy: WaitPolicy
 
 
 def wait_for_memory(
-    env: Mapping[str, str],
+    profile: LaunchProfile,
     *,
     timeout: float | None = None,
     platform: Platform = "auto",
@@ -602,7 +591,7 @@ def wait_for_memory(
     policy = policy or WaitPolicy()
     if timeout is not None:
         policy = replace(policy, timeout_s=timeout)
-    read = probe if probe is not None else (lambda: _probe_env(env, platform))
+    read = probe if probe is not None else (lambda: _probe_env(profile, platform))
     start = clock()
     samples: list[Sample] = []
     while True:
@@ -615,7 +604,7 @@ def wait_for_memory(
                 log("device memory cannot be read (no NVML, no nvidia-smi): launching the engine without waiting")
             return WaitResult(True, elapsed, None, samples, "unknown")
         samples.append(Sample(elapsed, devices))
-        decision = decide(samples, env, policy)
+        decision = decide(samples, profile, policy)
         if isinstance(decision, Launch):
             if len(samples) > 1:
                 log(f"{_what(devices)} is available after {int(elapsed)} s: launching the engine")

@@ -34,7 +34,7 @@ from vllm_worker.config.profile import LaunchProfile, apply_overrides
 
 log = logging.getLogger("vllm_worker")
 
-MemoryWait = Callable[[Mapping[str, str]], "str | None"]
+MemoryWait = Callable[[LaunchProfile], "str | None"]
 
 
 class Supervisor:
@@ -157,7 +157,7 @@ class Launcher:
             ).message
             return Attempt("fatal", record, message=message, served_model_name=built.served_model_name)
         if self.wait_for_memory is not None:
-            problem = self.wait_for_memory(launch_env)
+            problem = self.wait_for_memory(profile)
             if problem:
                 return Attempt("fatal", record, message=problem, served_model_name=built.served_model_name)
         masked = args_builder.mask(built.argv)
@@ -205,7 +205,7 @@ class StartupOutcome:
 
 
 def start_engine(
-    env: Mapping[str, str],
+    base: LaunchProfile,
     settings: settings_mod.Settings,
     supervisor: Supervisor,
     wait_for_memory: MemoryWait | None = None,
@@ -222,6 +222,7 @@ def start_engine(
     if launcher is None:
         weights = startup_plan.predicted.weights_bytes if startup_plan and startup_plan.predicted else None
         launcher = Launcher(settings, supervisor, wait_for_memory, weights)
+    env = base.env
     outcome = StartupOutcome(base_env=dict(env), launcher=launcher, device_total_bytes=device_total_bytes)
     attempts: list[ladder.Attempt] = []
     tried: list[str] = []
@@ -246,7 +247,7 @@ def start_engine(
             outcome.launch_env = dict(launch_env)
             outcome.capacity = capacity_line(result.engine.tail())
             if startup_plan is not None:
-                outcome.capacity_plan = capacity_status(startup_plan, launch_env, result.engine.tail(), settings)
+                outcome.capacity_plan = capacity_status(startup_plan, profile, result.engine.tail(), settings)
             if pending is not None:
                 outcome.profile = profile_notice(pending, tried)
             return outcome
@@ -278,10 +279,10 @@ def profile_notice(step: ladder.Relaunch, tried: Sequence[str]) -> dict[str, Any
 
 
 def capacity_status(
-    startup_plan: capacity.StartupPlan, launch_env: Mapping[str, str], tail: str, settings: settings_mod.Settings
+    startup_plan: capacity.StartupPlan, profile: LaunchProfile, tail: str, settings: settings_mod.Settings
 ) -> dict[str, Any]:
     """Predicted against actual capacity, logged once and kept for the status job."""
-    predicted = startup_plan.predict_for(launch_env)
+    predicted = startup_plan.predict_for(profile)
     report = capacity.capacity_report(predicted, capacity.parse_engine_capacity(tail), settings.max_concurrency)
     log.info("%s", report.log_line)
     for warning in report.warnings:

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
+from vllm_worker.config.profile import LaunchProfile
+
 RUNPOD_CACHE = "/runpod-volume/huggingface-cache/hub"
 # Where the Runpod cache is looked for (tests point it elsewhere).
 RUNPOD_CACHE_VARIABLE = "RUNPOD_MODEL_CACHE"
@@ -116,25 +118,23 @@ def _is_repo_id(value: str) -> bool:
     return value.count("/") == 1 and not value.startswith((".", "/", "~")) and not Path(value).exists()
 
 
-def lookup(env: Mapping[str, str]) -> CachedModel | None:
+def lookup(profile: LaunchProfile) -> CachedModel | None:
     """The cached snapshot to serve for this configuration, or None (download as usual).
 
     Only when the model, and a separate tokenizer repository if one is set, are both complete in
     the same cache: offline, a missing tokenizer could not be fetched either.
     """
-    model = (env.get("MODEL_NAME") or "").strip()
-    if not model or not _is_repo_id(model) or env.get("BAKED_MODEL_PATH"):
+    model = profile.model
+    if not model or not _is_repo_id(model) or profile.baked_model_path:
         return None
-    revision = (env.get("MODEL_REVISION") or env.get("REVISION") or "").strip() or None
-    roots = cache_roots(env)
-    found = find(model, revision, roots)
+    roots = cache_roots(profile.env)
+    found = find(model, profile.revision, roots)
     if found is None:
         return None
-    tokenizer = (env.get("TOKENIZER_NAME") or env.get("TOKENIZER") or "").strip()
+    tokenizer = profile.tokenizer
     if tokenizer and tokenizer != model and _is_repo_id(tokenizer):
-        tokenizer_revision = (env.get("TOKENIZER_REVISION") or "").strip() or None
         folder = _repo_folder(found.root, tokenizer)
-        commit = _commit_of(folder, tokenizer_revision)
+        commit = _commit_of(folder, profile.tokenizer_revision)
         if commit is None or not (folder / "snapshots" / commit).is_dir():
             return None
     return found

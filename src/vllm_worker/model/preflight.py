@@ -25,12 +25,13 @@ from __future__ import annotations
 
 import logging
 import os
-import shlex
 import ssl
 import time
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from typing import Sequence
 
+from vllm_worker.config.env import EXTRA_ARGS, shell_words
+from vllm_worker.config.profile import LaunchProfile
 from vllm_worker.diagnosis.hub_messages import (
     gated_repo_message,
     model_path_missing_message,
@@ -50,8 +51,6 @@ GATED_REPO = "gated_repo"
 REVISION_NOT_FOUND = "revision_not_found"
 UNAUTHORIZED = "unauthorized"
 
-# huggingface_hub's own notion of a true environment value (constants._is_true).
-_TRUE = {"1", "ON", "YES", "TRUE"}
 # Flags in VLLM_EXTRA_ARGS that change what is launched, so MODEL_NAME / MODEL_REVISION /
 # TOKENIZER_* may not be what vLLM fetches.
 _REFERENCE_FLAGS = ("--config", "--model", "--revision", "--tokenizer", "--tokenizer-revision", "--hf-config-path")
@@ -97,18 +96,6 @@ class PreflightResult:
 # --------------------------------------------------------------------------- decisions
 
 
-def _value(env: Mapping[str, str], name: str) -> str | None:
-    value = env.get(name)
-    if value is None or value.strip() == "":
-        return None
-    return value.strip()
-
-
-def _truthy(env: Mapping[str, str], name: str) -> bool:
-    value = _value(env, name)
-    return value is not None and value.upper() in _TRUE
-
-
 def is_url(reference: str) -> bool:
     return "://" in reference
 
@@ -121,18 +108,13 @@ def is_local_path(reference: str) -> bool:
     return os.path.exists(reference)
 
 
-def hub_token(env: Mapping[str, str]) -> str | None:
-    return _value(env, "HF_TOKEN") or _value(env, "HUGGING_FACE_HUB_TOKEN")
-
-
-def missing_local_path(env: Mapping[str, str]) -> tuple[str, str] | None:
+def missing_local_path(profile: LaunchProfile) -> tuple[str, str] | None:
     """(variable, path) when the model is given as a filesystem path that is not there.
 
     vLLM would take such a value for a Hub repository id and fail after its own start-up;
     checked before the skip rules, since an offline or baked deploy can have a wrong path too.
     """
-    for variable in ("BAKED_MODEL_PATH", "MODEL_NAME"):
-        value = _value(env, variable)
+    for variable, value in (("BAKED_MODEL_PATH", profile.baked_model_path), ("MODEL_NAME", profile.model)):
         if value is None:
             continue
         if value.startswith(("/", "./", "../", "~/")) and not os.path.exists(os.path.expanduser(value)):
@@ -141,29 +123,26 @@ def missing_local_path(env: Mapping[str, str]) -> tuple[str, str] | None:
     return None
 
 
-def should_skip(env: Mapping[str, str]) -> str | None:
+def should_skip(profile: LaunchProfile) -> str | None:
     """Why the pre-flight must not run for this deploy, or None when it should."""
-    if _value(env, "BAKED_MODEL_PATH") is not None:
+    if profile.baked_model_path is not None:
         return "BAKED_MODEL_PATH is set: the model is baked into the image"
-    for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
-        if _truthy(env, name):
-            return f"{name} is set: the Hub is not used"
-    if (_value(env, "VLLM_USE_MODELSCOPE") or "").lower() in ("1", "true"):
+    if profile.offline is not None:
+        return f"{profile.offline} is set: the Hub is not used"
+    if profile.modelscope:
         return "VLLM_USE_MODELSCOPE is set: the model comes from ModelScope, not the Hub"
-    for name in ("VLLM_CONFIG_FILE", "MODEL_CONFIG"):
-        if _value(env, name) is not None:
-            return f"{name} is set: the launched model comes from a config file"
-    extra = _value(env, "VLLM_EXTRA_ARGS")
+    if profile.config_file is not None:
+        return f"{profile.config_file} is set: the launched model comes from a config file"
+    extra = profile.raw(EXTRA_ARGS)
     if extra is not None:
-        try:
-            words = shlex.split(extra)
-        except ValueError:
+        words = shell_words(extra)
+        if words is None:
             return "VLLM_EXTRA_ARGS cannot be parsed, so what is launched is unknown"
         for word in words:
             flag = word.split("=", 1)[0]
             if flag in _REFERENCE_FLAGS:
                 return f"VLLM_EXTRA_ARGS sets {flag}: the launched model may not be MODEL_NAME"
-    model = _value(env, "MODEL_NAME")
+    model = profile.model
     if model is None:
         return "MODEL_NAME is not set"
     if is_url(model):
@@ -173,27 +152,29 @@ def should_skip(env: Mapping[str, str]) -> str | None:
     return None
 
 
-def targets(env: Mapping[str, str]) -> list[Target]:
-    """The Hub references vLLM will fetch, in order, without duplicates.
+def targets(profile: LaunchProfile) -> list[Target]:
+    """The Hub references vLLM will fetch, in order, without duplicates, each with the variable
+    the user set for it (MODEL_REVISION or vLLM's own REVISION, TOKENIZER_NAME or TOKENIZER).
 
-    Mirrors vLLM's defaults: the tokenizer is the model unless TOKENIZER_NAME is set,
-    and its revision is MODEL_REVISION unless TOKENIZER_REVISION is set.
+    Mirrors vLLM's defaults: the tokenizer is the model unless one is set, and its revision is
+    the model's unless TOKENIZER_REVISION is set.
     """
-    model = _value(env, "MODEL_NAME")
+    model = profile.model
     if model is None:
         return []
-    revision = _value(env, "MODEL_REVISION")
-    found = [Target(model, revision)]
-    tokenizer_name = _value(env, "TOKENIZER_NAME")
-    tokenizer_revision = _value(env, "TOKENIZER_REVISION")
+    revision = profile.revision
+    revision_variable = profile.variable("REVISION") or "MODEL_REVISION"
+    found = [Target(model, revision, "MODEL_NAME", revision_variable)]
+    tokenizer_name = profile.tokenizer
+    tokenizer_revision = profile.tokenizer_revision
     tokenizer = tokenizer_name or model
     if is_url(tokenizer) or is_local_path(tokenizer):
         return found
     tokenizer_target = Target(
         tokenizer,
         tokenizer_revision or revision,
-        "TOKENIZER_NAME" if tokenizer_name else "MODEL_NAME",
-        "TOKENIZER_REVISION" if tokenizer_revision else "MODEL_REVISION",
+        (profile.variable("TOKENIZER") or "TOKENIZER_NAME") if tokenizer_name else "MODEL_NAME",
+        "TOKENIZER_REVISION" if tokenizer_revision else revision_variable,
     )
     if (tokenizer_target.repo, tokenizer_target.revision) != (model, revision):
         found.append(tokenizer_target)
@@ -320,7 +301,7 @@ def _auth_check(endpoint: str, repo: str, token: str, timeout: float) -> None:
 
 
 def run(
-    env: Mapping[str, str],
+    profile: LaunchProfile,
     *,
     timeout: float = DEFAULT_TIMEOUT,
     expand: Sequence[str] = (),
@@ -333,25 +314,25 @@ def run(
     fields (e.g. "safetensors" for capacity planning); the decision fields are added.
     """
     started = time.monotonic()
-    missing = missing_local_path(env)
+    missing = missing_local_path(profile)
     if missing is not None:
         message = model_path_missing_message(missing[1], missing[0])
         logger.error("Model pre-flight failed: %s", message)
         return PreflightResult(ok=False, kind="model_path_missing", message=message)
-    reason = should_skip(env)
+    reason = should_skip(profile)
     if reason is not None:
         logger.info("Model pre-flight skipped: %s.", reason)
         return PreflightResult(ok=True, skipped_reason=reason)
 
     from huggingface_hub import HfApi
 
-    token = hub_token(env)
-    endpoint = (_value(env, "HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/")
+    token = profile.hf_token
+    endpoint = (profile.hf_endpoint or DEFAULT_ENDPOINT).rstrip("/")
     # token=False everywhere without HF_TOKEN: no token file from ~/.cache, so the
     # answer depends only on the environment vLLM is given.
     api = HfApi(endpoint=endpoint, token=False, library_name="vllm-worker")
     fields = sorted(set(expand) | set(_DECISION_FIELDS)) if expand else None
-    plan = targets(env)
+    plan = targets(profile)
     result = PreflightResult(ok=True)
 
     for index, target in enumerate(plan):
