@@ -93,6 +93,12 @@ CASES: dict[str, tuple[dict[str, str], str, Callable[[], str]]] = {
         f"/api/models/{PUBLIC}/revision/no-such-rev",
         lambda: hub_messages.revision_not_found_message(PUBLIC, "no-such-rev", "MODEL_REVISION"),
     ),
+    # vLLM's own spelling of the same knob: checked the same way, and the sentence names it.
+    "bad REVISION": (
+        {"MODEL_NAME": PUBLIC, "REVISION": "no-such-rev"},
+        f"/api/models/{PUBLIC}/revision/no-such-rev",
+        lambda: hub_messages.revision_not_found_message(PUBLIC, "no-such-rev", "REVISION"),
+    ),
 }
 
 
@@ -131,3 +137,19 @@ def test_a_transient_hub_failure_does_not_stop_the_boot(hub: HubStub, cp: Contro
     assert [(r.path, r.status) for r in hub.calls("/api/models/")] == [(f"/api/models/{PUBLIC}", 503)]
     log = worker.process.log()
     assert "could not check MODEL_NAME='org/public'" in log and "starting vLLM anyway" in log
+
+
+@pytest.mark.parametrize("offline", ["HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"])
+def test_an_offline_start_asks_the_hub_for_nothing(offline: str, hub: HubStub, cp: ControlPlane, tmp_path: Path) -> None:
+    """Either switch turns the Hub off for the whole start: pre-flight, model cache and capacity plan alike."""
+    worker = Worker(tmp_path, hub, cp, MODEL_NAME=PUBLIC, **{offline: "1"})
+    hub.reset_requests()
+
+    results = answers(worker, cp)
+
+    assert [r["output"][0]["choices"][0]["message"]["content"] for r in results[:1]] == ["w0 w1"]
+    assert hub.calls("/") == []
+    assert len(worker.launches()) == 1
+    log = worker.process.log()
+    assert f"Model pre-flight skipped: {offline} is set" in log
+    assert log.count("pre-flight skipped") == 1
