@@ -10,7 +10,7 @@ import re
 from typing import Callable, Sequence
 from urllib.parse import unquote
 
-from vllm_worker.diagnosis.verdict import Context, Diagnosis, compose, evidence_of, tried_sentence
+from vllm_worker.diagnosis.verdict import Context, Diagnosis, answer, answer_shared, compose, evidence_of, tried_sentence
 from vllm_worker.diagnosis.hub_messages import (
     gated_repo_message,
     hub_unreachable_message,
@@ -49,15 +49,7 @@ def _repo_variable(ctx: Context, repo: str) -> str:
 def _hub(ctx: Context, kind: str, patterns: Sequence[str], sentence: Callable[[str, str], str]) -> Diagnosis:
     repo = _repo_from(ctx, patterns) or ctx.model or "(unknown)"
     variable = _repo_variable(ctx, repo)
-    message = sentence(repo, variable) + tried_sentence(ctx.tried)
-    return Diagnosis(
-        kind=kind,
-        message=message,
-        evidence=evidence_of(ctx.hits[-1].line),
-        variable=variable,
-        value=repo,
-        repo=repo,
-    )
+    return answer_shared(ctx, kind, sentence(repo, variable), variable=variable, value=repo, repo=repo)
 
 
 def repo_not_found(ctx: Context) -> Diagnosis:
@@ -91,15 +83,7 @@ def _no_config(ctx: Context) -> Diagnosis:
         f"{token}. To fix: accept the model's terms at https://huggingface.co/{repo} and set HF_TOKEN to a read "
         f"token of that account; if the repository is not gated, check the name and that it holds a config.json."
     )
-    return Diagnosis(
-        kind="gated_repo",
-        message=message + tried_sentence(ctx.tried),
-        evidence=evidence_of(ctx.hits[-1].line),
-        detail="no_config",
-        variable=variable,
-        value=repo,
-        repo=repo,
-    )
+    return answer_shared(ctx, "gated_repo", message, detail="no_config", variable=variable, value=repo, repo=repo)
 
 
 _MODEL_VARIABLES = ("MODEL_NAME", "BAKED_MODEL_PATH", "TOKENIZER_NAME", "TOKENIZER")
@@ -119,25 +103,13 @@ def model_path_missing(ctx: Context) -> Diagnosis:
     variable = _model_variable(ctx, reference)
     if hit.rule.detail == "path_or_model_id" and not looks_like_path(reference):
         # A well-formed id that could not be fetched, or nothing at all.
-        return Diagnosis(
-            kind="repo_not_found",
-            message=repo_not_found_message(reference, variable) + tried_sentence(ctx.tried),
-            evidence=evidence_of(hit.line),
-            variable=variable,
-            value=reference,
-            repo=reference,
-        )
+        return answer_shared(ctx, "repo_not_found", repo_not_found_message(reference, variable), line=hit.line,
+                             variable=variable, value=reference, repo=reference)
     if looks_like_path(reference):
         message = model_path_missing_message(reference, variable)
     else:
         message = invalid_model_name_message(reference, variable)
-    return Diagnosis(
-        kind="model_path_missing",
-        message=message + tried_sentence(ctx.tried),
-        evidence=evidence_of(hit.line),
-        variable=variable,
-        value=reference,
-    )
+    return answer_shared(ctx, "model_path_missing", message, line=hit.line, variable=variable, value=reference)
 
 
 
@@ -162,27 +134,16 @@ def offline_not_cached(ctx: Context) -> Diagnosis:
         message = offline_not_cached_message(
             repo, variable, offline or "HF_HUB_OFFLINE", offline_value or "1", revision=revision
         )
-    return Diagnosis(
-        kind="offline_not_cached",
-        message=message + tried_sentence(ctx.tried),
-        evidence=evidence_of(hit.line),
-        variable=offline or "HF_HUB_OFFLINE",
-        value=offline_value,
-        repo=repo,
-        revision=revision,
-    )
+    return answer_shared(ctx, "offline_not_cached", message, line=hit.line, variable=offline or "HF_HUB_OFFLINE",
+                         value=offline_value, repo=repo, revision=revision)
 
 
 def unauthorized(ctx: Context) -> Diagnosis:
     if ctx.hits[-1].rule.detail == "token_format":
         cause = "HF_TOKEN is not a valid HTTP header value: it contains a newline, a space or quotes"
-        return Diagnosis(
-            kind="unauthorized",
-            message=compose(cause, ctx.tried, ["set HF_TOKEN to the token alone (hf_...), with nothing around it"]),
-            evidence=evidence_of(ctx.hits[-1].line),
-            detail="token_format",
-            variable="HF_TOKEN",
-        )
+        return answer(ctx, "unauthorized", cause,
+            ["set HF_TOKEN to the token alone (hf_...), with nothing around it"], detail="token_format",
+            variable="HF_TOKEN")
     return _hub(
         ctx,
         "unauthorized",
@@ -231,18 +192,6 @@ def hub_unreachable(ctx: Context) -> Diagnosis:
     variable = _model_variable(ctx, repo)
     if looks_like_path(repo) or (named and "/" not in repo):
         # Not a Hub id (owner/name): a local directory that is not there, which no download can fix.
-        return Diagnosis(
-            kind="model_path_missing",
-            message=model_path_missing_message(repo, variable) + tried_sentence(ctx.tried),
-            evidence=evidence_of(ctx.hits[-1].line),
-            variable=variable,
-            value=repo,
-        )
-    return Diagnosis(
-        kind="hub_unreachable",
-        message=hub_unreachable_message(repo, variable) + tried_sentence(ctx.tried),
-        evidence=evidence_of(ctx.hits[-1].line),
-        variable=variable,
-        value=repo,
-        repo=repo,
-    )
+        return answer_shared(ctx, "model_path_missing", model_path_missing_message(repo, variable), variable=variable,
+                             value=repo)
+    return answer_shared(ctx, "hub_unreachable", hub_unreachable_message(repo, variable), variable=variable, value=repo, repo=repo)

@@ -14,7 +14,7 @@ from vllm_worker.config import args_builder
 
 from vllm_worker.config import flag_messages
 from vllm_worker.config.profile import LaunchProfile
-from vllm_worker.diagnosis.verdict import Context, Diagnosis, compose, evidence_of
+from vllm_worker.diagnosis.verdict import Context, Diagnosis, answer, evidence_of
 from vllm_worker.diagnosis.rules import Hit
 
 
@@ -46,14 +46,8 @@ def max_model_len(ctx: Context) -> Diagnosis:
     else:
         cause = f"MAX_MODEL_LEN={value} is larger than the model's own limit"
         fixes = ["lower MAX_MODEL_LEN, or unset it to use the model's full context"]
-    return Diagnosis(
-        kind="max_model_len_too_large",
-        message=compose(cause, ctx.tried, fixes),
-        evidence=evidence_of(hit.line),
-        variable="MAX_MODEL_LEN",
-        value=value,
-        facts={"limit": str(limit)} if limit is not None else {},
-    )
+    return answer(ctx, "max_model_len_too_large", cause, fixes, line=hit.line, variable="MAX_MODEL_LEN",
+        value=value, facts={"limit": str(limit)} if limit is not None else {})
 
 
 # --- command line -------------------------------------------------------------------------
@@ -113,31 +107,18 @@ def bad_arguments(ctx: Context) -> Diagnosis:
                 variable, value = None, None
                 cause = f"vLLM rejected its command line: {error}"
                 fixes = ["correct the variable that produced it"]
-        return Diagnosis(
-            kind="bad_arguments",
-            message=compose(cause, ctx.tried, fixes),
-            evidence=evidence_of(hit.line),
-            variable=variable,
-            value=value,
-        )
+        return answer(ctx, "bad_arguments", cause, fixes, line=hit.line, variable=variable, value=value)
     if hit.rule.detail == "model_flag":
         cause = "VLLM_EXTRA_ARGS passes the model with --model, which `vllm serve` refuses"
-        return Diagnosis(
-            kind="bad_arguments",
-            message=compose(cause, ctx.tried, ["remove --model from VLLM_EXTRA_ARGS; the worker passes MODEL_NAME itself"]),
-            evidence=evidence_of(hit.line),
-            variable="VLLM_EXTRA_ARGS",
-        )
+        return answer(ctx, "bad_arguments", cause,
+            ["remove --model from VLLM_EXTRA_ARGS; the worker passes MODEL_NAME itself"], line=hit.line,
+            variable="VLLM_EXTRA_ARGS")
     if hit.rule.detail == "dtype_for_quantization" and ctx.search(r"not supported on CPU, casting to bfloat16"):
         # The CPU backend computes in bfloat16 only: no DTYPE makes a float16-only quantization run there.
         cause = f"The CPU backend cannot run the quantization of {ctx.subject if ctx.model else 'the model'}: {evidence_of(hit.line)}"
-        return Diagnosis(
-            kind="quantization_unsupported",
-            message=compose(cause, ctx.tried, ["set MODEL_NAME to an unquantized checkpoint, or run on a GPU"]),
-            evidence=evidence_of(hit.line),
-            variable="MODEL_NAME",
-            value=ctx.model,
-        )
+        return answer(ctx, "quantization_unsupported", cause,
+            ["set MODEL_NAME to an unquantized checkpoint, or run on a GPU"], line=hit.line, variable="MODEL_NAME",
+            value=ctx.model)
     if hit.rule.detail in ("value_error", "config_value", "quantization_mismatch", "dtype_for_quantization"):
         return _config_value(ctx, hit)
     # pydantic field constraint: "<field>\n  Input should ... [type=..., input_value=V, ...]"
@@ -162,13 +143,7 @@ def bad_arguments(ctx: Context) -> Diagnosis:
     else:
         cause = f"vLLM rejected a setting: {evidence_of(hit.line)}"
         fixes = ["correct the variable that sets it"]
-    return Diagnosis(
-        kind="bad_arguments",
-        message=compose(cause, ctx.tried, fixes),
-        evidence=evidence_of(hit.line),
-        variable=first_variable,
-        value=first_value,
-    )
+    return answer(ctx, "bad_arguments", cause, fixes, line=hit.line, variable=first_variable, value=first_value)
 
 
 
@@ -230,13 +205,7 @@ def _config_value(ctx: Context, hit: Hit) -> Diagnosis:
         fixes = [f"correct {variable} or unset it"]
     else:
         fixes = ["correct the variable that sets it"]
-    return Diagnosis(
-        kind="bad_arguments",
-        message=compose(cause, ctx.tried, fixes),
-        evidence=evidence_of(hit.line),
-        variable=variable,
-        value=value,
-    )
+    return answer(ctx, "bad_arguments", cause, fixes, line=hit.line, variable=variable, value=value)
 
 
 # --- the parallel layout, the GPU's abilities ------------------------------------------------------
@@ -272,13 +241,7 @@ def tensor_parallel(ctx: Context) -> Diagnosis:
         cause = f"{shown} does not fit the layout of {ctx.subject if ctx.model else 'the model'}: {evidence_of(hit.line)}"
         fixes = ["set TENSOR_PARALLEL_SIZE to a power of two that divides the model's attention heads (1, 2, 4 or 8)"]
         value = tp
-    return Diagnosis(
-        kind="tensor_parallel",
-        message=compose(cause, ctx.tried, fixes),
-        evidence=evidence_of(hit.line),
-        variable="TENSOR_PARALLEL_SIZE",
-        value=value,
-    )
+    return answer(ctx, "tensor_parallel", cause, fixes, line=hit.line, variable="TENSOR_PARALLEL_SIZE", value=value)
 
 
 def _capability(text: str) -> str:
@@ -294,13 +257,7 @@ def dtype_unsupported(ctx: Context) -> Diagnosis:
     uses = f"DTYPE={dtype}" if dtype else f"the dtype of {ctx.subject if ctx.model else 'the model'} (bfloat16)"
     cause = f"{where} cannot compute in bfloat16, which {uses} asks for"
     fixes = ["set DTYPE=half (float16)", "or choose a GPU of compute capability 8.0 or more (Ampere or newer)"]
-    return Diagnosis(
-        kind="dtype_unsupported",
-        message=compose(cause, ctx.tried, fixes),
-        evidence=evidence_of(hit.line),
-        variable="DTYPE",
-        value=dtype,
-    )
+    return answer(ctx, "dtype_unsupported", cause, fixes, line=hit.line, variable="DTYPE", value=dtype)
 
 
 _KV_FP8 = r"reshape_and_cache|kv_cache_dtype[=:'\" ]+fp8|KV_CACHE_DTYPE=fp8|--kv-cache-dtype[= ]fp8"
@@ -311,13 +268,9 @@ def quantization_unsupported(ctx: Context) -> Diagnosis:
     kv_fp8 = (ctx.profile.raw("KV_CACHE_DTYPE") or "").lower().startswith("fp8")
     if hit.rule.detail == "fp8_type" and (kv_fp8 or ctx.search(_KV_FP8)):
         cause = "This GPU cannot store the KV cache in fp8 (its Triton kernels support fp8e4nv from Ada/Hopper on)"
-        return Diagnosis(
-            kind="dtype_unsupported",
-            message=compose(cause, ctx.tried, ["unset KV_CACHE_DTYPE (or set it to auto)", "or choose an Ada or Hopper GPU"]),
-            evidence=evidence_of(hit.line),
-            variable="KV_CACHE_DTYPE",
-            value=ctx.profile.raw("KV_CACHE_DTYPE"),
-        )
+        return answer(ctx, "dtype_unsupported", cause,
+            ["unset KV_CACHE_DTYPE (or set it to auto)", "or choose an Ada or Hopper GPU"], line=hit.line,
+            variable="KV_CACHE_DTYPE", value=ctx.profile.raw("KV_CACHE_DTYPE"))
     method = ctx.search(r"quantization method (\S+) is not supported for the current GPU")
     caps = ctx.search(r"Minimum capability: (\d+)\.? Current capability: (\d+)")
     setting = ctx.profile.raw("QUANTIZATION")
@@ -335,10 +288,5 @@ def quantization_unsupported(ctx: Context) -> Diagnosis:
         "choose a GPU that supports it, or set MODEL_NAME to a checkpoint in another quantization "
         "(AWQ or GPTQ run on older GPUs)"
     )
-    return Diagnosis(
-        kind="quantization_unsupported",
-        message=compose(cause, ctx.tried, fixes),
-        evidence=evidence_of(hit.line),
-        variable="QUANTIZATION" if setting else "MODEL_NAME",
-        value=setting or ctx.model,
-    )
+    return answer(ctx, "quantization_unsupported", cause, fixes, line=hit.line,
+        variable="QUANTIZATION" if setting else "MODEL_NAME", value=setting or ctx.model)

@@ -20,13 +20,12 @@ from vllm_worker.config.profile import (
 )
 from vllm_worker.config.settings import multiple_of_8_at_least
 from vllm_worker.diagnosis.verdict import (
-    EAGER_MAX_BATCHED_TOKENS,
-    HIGHEST_ADVISED_UTILIZATION,
     Context,
     Diagnosis,
-    compose,
+    EAGER_MAX_BATCHED_TOKENS,
+    HIGHEST_ADVISED_UTILIZATION,
+    answer,
     device_of,
-    evidence_of,
     gib,
     size_text,
 )
@@ -296,16 +295,8 @@ def memory_shortfall_diagnosis(ctx: Context) -> Diagnosis:
             fixes.append(_room_outside_kv_fix(ctx.profile, kv))
     if hardware:
         fixes.append(_hardware_fix(ctx.profile, device))
-    return Diagnosis(
-        kind="memory_shortfall",
-        message=compose(cause, ctx.tried, fixes),
-        evidence=evidence_of(hit.line),
-        detail=detail,
-        estimated_max_len=estimate,
-        variable=variable,
-        value=value,
-        facts=facts,
-    )
+    return answer(ctx, "memory_shortfall", cause, fixes, line=hit.line, detail=detail, estimated_max_len=estimate,
+        variable=variable, value=value, facts=facts)
 
 
 def _room_outside_kv_fix(profile: LaunchProfile, kv: KvCacheSize | None) -> str:
@@ -352,12 +343,7 @@ def memory_held_diagnosis(ctx: Context) -> Diagnosis:
         f"if it persists, stop whatever else uses this {device}, or terminate this worker so the platform "
         f"starts a fresh one on another machine",
     ]
-    return Diagnosis(
-        kind="memory_held",
-        message=compose(cause, ctx.tried, fixes),
-        evidence=evidence_of(hit.line),
-        facts=facts,
-    )
+    return answer(ctx, "memory_held", cause, fixes, line=hit.line, facts=facts)
 
 
 def profiling_race_diagnosis(ctx: Context) -> Diagnosis:
@@ -369,10 +355,6 @@ def profiling_race_diagnosis(ctx: Context) -> Diagnosis:
         f"same GPU released memory meanwhile. This is not a problem with the model or its settings"
     )
     fixes = ["make sure nothing else runs on this GPU, or terminate this worker so the platform starts a fresh one"]
-    return Diagnosis(
-        kind="profiling_race",
-        message=compose(cause, ctx.tried, fixes),
-        evidence=evidence_of(hit.line),
-        facts={"initial_free_gib": m.group(1), "current_free_gib": m.group(2)} if m else {},
-    )
+    return answer(ctx, "profiling_race", cause, fixes, line=hit.line,
+        facts={"initial_free_gib": m.group(1), "current_free_gib": m.group(2)} if m else {})
 

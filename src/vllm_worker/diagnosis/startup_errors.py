@@ -28,7 +28,7 @@ from vllm_worker.diagnosis import hub as hub_errors
 from vllm_worker.diagnosis import refused_settings as config_errors
 from vllm_worker.diagnosis import rules as failure_rules
 from vllm_worker.diagnosis.rules import Hit, clean_lines, find_hits, last_words, root_error, root_hit
-from vllm_worker.diagnosis.verdict import Context, Diagnosis, Failure, compose, evidence_of, scrubbed
+from vllm_worker.diagnosis.verdict import Context, Diagnosis, Failure, answer, compose, evidence_of, scrubbed
 from vllm_worker.diagnosis.shortfall import memory_held_diagnosis, memory_shortfall_diagnosis, profiling_race_diagnosis
 
 # kind -> what it means. Every Diagnosis.kind of a failed start is one of these.
@@ -228,13 +228,9 @@ def _unsupported_architecture(ctx: Context) -> Diagnosis:
         value = m.group(1).replace("'", "") if m else no_impl.group(1) if no_impl else "(unknown)"
         cause = f"{subject} uses the architecture {value}, which vLLM 0.32 does not support"
         fixes = [f"choose a model with a supported architecture ({SUPPORTED_MODELS_URL})"]
-    return Diagnosis(
-        kind="unsupported_architecture",
-        message=compose(cause, ctx.tried, [f"set MODEL_NAME to another model: {fixes[0][0].lower()}{fixes[0][1:]}"]),
-        evidence=evidence_of(line),
-        variable="MODEL_NAME",
-        value=value,
-    )
+    return answer(ctx, "unsupported_architecture", cause,
+        [f"set MODEL_NAME to another model: {fixes[0][0].lower()}{fixes[0][1:]}"], line=line, variable="MODEL_NAME",
+        value=value)
 
 
 def _trust_remote_code(ctx: Context) -> Diagnosis:
@@ -251,13 +247,8 @@ def _trust_remote_code(ctx: Context) -> Diagnosis:
     else:
         cause = f"{subject} needs to run its repository's own Python code for its {part}, which the worker does not allow by default"
         fixes = ["set TRUST_REMOTE_CODE=true if you trust that code"]
-    return Diagnosis(
-        kind="trust_remote_code",
-        message=compose(cause, ctx.tried, fixes),
-        evidence=evidence_of(hit.line),
-        variable="TRUST_REMOTE_CODE",
-        value=ctx.profile.raw("TRUST_REMOTE_CODE"),
-    )
+    return answer(ctx, "trust_remote_code", cause, fixes, line=hit.line, variable="TRUST_REMOTE_CODE",
+        value=ctx.profile.raw("TRUST_REMOTE_CODE"))
 
 
 def _disk_full(ctx: Context) -> Diagnosis:
@@ -269,12 +260,7 @@ def _disk_full(ctx: Context) -> Diagnosis:
         "give the endpoint a larger container disk, or a network volume big enough for the model's files, "
         "or choose a smaller model"
     ]
-    return Diagnosis(
-        kind="disk_full",
-        message=compose(cause, ctx.tried, fixes),
-        evidence=evidence_of(hit.line),
-        value=m.group(1) if m else None,
-    )
+    return answer(ctx, "disk_full", cause, fixes, line=hit.line, value=m.group(1) if m else None)
 
 # snake_case words of vLLM's config that name a worker variable, most specific first.
 # --- the Hub could not be reached, the model's files, the image, the machine -------------------------

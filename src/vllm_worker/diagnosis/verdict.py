@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from vllm_worker.config.profile import LaunchProfile
 from vllm_worker.diagnosis.rules import Hit
@@ -205,3 +205,17 @@ def scrubbed(diagnosis: Diagnosis, env: Mapping[str, str]) -> Diagnosis:
         facts=dict(diagnosis.facts),
     )
 
+
+
+def answer(ctx: Context, kind: str, cause: str, fixes: Sequence[str], *, line: str | None = None, **fields: Any) -> Diagnosis:
+    """The one way a message builder finishes: the cause, what the worker already tried, the fixes that
+    remain; the evidence is the line that named the cause (the last hit's unless `line` is given)."""
+    evidence = evidence_of(line if line is not None else ctx.hits[-1].line)
+    return Diagnosis(kind=kind, message=compose(cause, ctx.tried, fixes), evidence=evidence, **fields)
+
+
+def answer_shared(ctx: Context, kind: str, sentence: str, *, line: str | None = None, **fields: Any) -> Diagnosis:
+    """`answer` for a cause whose whole sentence is shared with the pre-flight (`hub_messages`):
+    the same words whichever path found it, then what the worker already tried."""
+    evidence = evidence_of(line if line is not None else ctx.hits[-1].line)
+    return Diagnosis(kind=kind, message=sentence + tried_sentence(ctx.tried), evidence=evidence, **fields)
