@@ -40,10 +40,7 @@ from vllm_worker.serving import platform as runpod_glue
 from vllm_worker.config import settings as settings_mod
 from vllm_worker.config.profile import LaunchProfile
 from vllm_worker.engine.launcher import MemoryWait, StartupOutcome, Supervisor, start_engine
-from vllm_worker.engine.monitor import RESTARTING, EngineMonitor, budget_sentence, health_status
-
-# Re-exported: tests and tools reach them through main.
-__all__ = ["RESTARTING", "EngineMonitor", "StartupOutcome", "Supervisor", "budget_sentence", "cli", "health_status", "run", "start_engine"]
+from vllm_worker.engine.monitor import EngineMonitor
 
 log = logging.getLogger("vllm_worker")
 
@@ -147,17 +144,15 @@ def run(env: Mapping[str, str] | None = None) -> int:
         else:
             state.mark_ready()
             log.info("engine ready; taking jobs (up to %d at once)", settings.max_concurrency)
-        if outcome.engine is not None and not outcome.fatal:
+        if outcome.engine is not None and not outcome.fatal and outcome.climb is not None:
             EngineMonitor(
                 supervisor,
                 settings,
                 state,
-                outcome.launch_env,
+                outcome.climb,
                 outcome.launches,
                 memory_waiter(settings),
-                base_env=outcome.base_env,
                 launcher=outcome.launcher,
-                device_total_bytes=outcome.device_total_bytes,
             ).start(outcome.engine)
         sdk_import.join()
         serving.set()

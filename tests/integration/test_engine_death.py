@@ -28,11 +28,11 @@ from tests.support.control_plane import ControlPlane
 from tests.support.engine_env import free_port
 from tests.support.fake_engine import FakeEngine
 from tests.support.worker_proc import WorkerProcess
+from vllm_worker.engine import monitor
 from vllm_worker.config.profile import LaunchProfile
 from vllm_worker.diagnosis import runtime
 from vllm_worker.diagnosis.verdict import Failure
 from vllm_worker.engine import gpu_memory
-from vllm_worker import main
 from vllm_worker.engine import ladder
 from vllm_worker.diagnosis import startup_errors
 from vllm_worker.serving import handler as handler_module
@@ -183,8 +183,8 @@ def test_a_configuration_that_keeps_killing_its_engine_is_answered_with_the_caus
 
     cause = runtime.runtime_failure(Failure.of("RuntimeError: boom", env=env, exit_code=3))
     assert cause.message == "The engine exited with code 3 while serving requests; its last error was: RuntimeError: boom."
-    restarting = {"error": f"{cause.message} {main.RESTARTING}"}
-    final = {"error": main.budget_sentence(cause.message, ladder.MAX_RESTARTS + 1)}
+    restarting = {"error": f"{cause.message} {runtime.RESTARTING}"}
+    final = {"error": monitor.budget_sentence(cause.message, ladder.MAX_RESTARTS + 1)}
     # Each death within the budget is restarted; the one past it is answered, and so is every later job.
     assert answers == [restarting] * ladder.MAX_RESTARTS + [final, final]
     assert "not restarted again" in final["error"] and "terminate this worker" in final["error"]
@@ -271,7 +271,7 @@ def test_job_output_stays_out_of_the_log_and_shutdown_is_clean(cp: ControlPlane,
 # In-process, against an aiohttp server on 127.0.0.1: which sentence a request caught by a death
 # ends with, and that a request that never reached the engine is sent again to the restarted one.
 
-DEATH = "The engine was killed by signal 9 (SIGKILL) while serving requests. " + main.RESTARTING
+DEATH = "The engine was killed by signal 9 (SIGKILL) while serving requests. " + runtime.RESTARTING
 # What vLLM 0.32 streams to a request whose engine core died (vllm/v1/engine/exceptions.py:16).
 DEAD_EVENT = (
     'data: {"error": {"message": "EngineCore encountered an issue. See stack trace (above) for the root cause.", '

@@ -1,4 +1,4 @@
-"""The capacity plan's choice reaches the first launch (issue 6, item 3), through main.start_engine.
+"""The capacity plan's choice reaches the first launch (issue 6, item 3), through launcher.start_engine.
 
 The GPU figures cannot come from this machine, so the plan is made for a 24 GiB card from a
 config; the engine is the scripted stand-in, which records the argv of each launch. What is
@@ -11,10 +11,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from tests.support.fake_engine import FakeEngine
+from vllm_worker.engine import launcher
 from vllm_worker.config.profile import LaunchProfile
 from vllm_worker import capacity
 from vllm_worker.capacity import kv_cache
-from vllm_worker import main
 from vllm_worker.config import settings as settings_mod
 from vllm_worker.capacity.gpus import find_card
 
@@ -52,9 +52,9 @@ def test_the_first_launch_runs_the_profile_the_plan_predicted_to_fit(tmp_path: P
     engine = FakeEngine(tmp_path, [{"serve": True}])
     env.update(engine.env())
     settings = settings_mod.load(env)
-    supervisor = main.Supervisor(settings)
+    supervisor = launcher.Supervisor(settings)
     try:
-        outcome = main.start_engine(LaunchProfile.parse(env), settings, supervisor, None, plan, CARD)
+        outcome = launcher.start_engine(LaunchProfile.parse(env), settings, supervisor, None, plan, CARD)
     finally:
         supervisor.stop()
         engine.kill_leftovers()

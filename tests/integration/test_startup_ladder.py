@@ -36,7 +36,7 @@ from tests.support.control_plane import ControlPlane
 from tests.support.fake_engine import FakeEngine
 from tests.support.worker_proc import WorkerProcess
 from vllm_worker.diagnosis import verdict
-from vllm_worker.diagnosis.verdict import Failure
+from vllm_worker.diagnosis.verdict import Failure, Tried
 from vllm_worker.engine import ladder
 from vllm_worker.diagnosis import startup_errors
 from vllm_worker.config.settings import multiple_of_8_at_least
@@ -93,7 +93,7 @@ def expected_answer(
     """
     attempts: list[ladder.Attempt] = []
     relaunches: list[ladder.Relaunch] = []
-    tried: list[str] = []
+    tried: list[Tried] = []
     env = dict(base_env)
     for text in texts:
         diagnosis = startup_errors.diagnose(Failure.of(text, env.get("MODEL_NAME"), revision=env.get("MODEL_REVISION"), exit_code=1, env=env, tried=tried))
@@ -103,7 +103,7 @@ def expected_answer(
         if isinstance(step, ladder.Stop):
             return diagnosis.message, relaunches
         relaunches.append(step)
-        tried.append(step.tried_phrase)
+        tried.append(step.tried)
         env = dict(base_env)
         for name, value in step.overrides.items():
             if value is None:

@@ -306,5 +306,5 @@ def test_memory_held_by_another_process_is_retried_once_then_explained(cp: Contr
     assert first is not None and first.kind == "memory_held"
     relaunch = recovery.next_launch(seen, [recovery.Attempt(env=seen, diagnosis=first)], 30)
     assert isinstance(relaunch, recovery.Relaunch)
-    last = startup_errors.diagnose(Failure.of(text, MODEL, env=seen, exit_code=1, tried=[relaunch.tried_phrase]))
+    last = startup_errors.diagnose(Failure.of(text, MODEL, env=seen, exit_code=1, tried=[relaunch.tried]))
     assert result == {"error": last.message}

@@ -14,7 +14,7 @@ from typing import Mapping, Sequence
 import pytest
 
 from tests.support import vllm_texts as t
-from vllm_worker.diagnosis.verdict import Failure
+from vllm_worker.diagnosis.verdict import Failure, Tried
 from vllm_worker.engine.ladder import MAX_LAUNCHES, Attempt, Relaunch, Stop, next_launch
 from vllm_worker.diagnosis.startup_errors import classify, diagnose
 
@@ -28,7 +28,7 @@ class Run:
     envs: list[dict[str, str]] = field(default_factory=list)
     relaunches: list[Relaunch] = field(default_factory=list)
     stop: Stop | None = None
-    tried: list[str] = field(default_factory=list)
+    tried: list[Tried] = field(default_factory=list)
 
 
 def launch_until_stop(base_env: Mapping[str, str], failures: Sequence[str], max_concurrency: int = 30) -> Run:
@@ -45,7 +45,7 @@ def launch_until_stop(base_env: Mapping[str, str], failures: Sequence[str], max_
             run.stop = step
             return run
         run.relaunches.append(step)
-        run.tried.append(step.tried_phrase)
+        run.tried.append(step.tried)
         env = dict(base_env)
         for name, value in step.overrides.items():
             if value is None:
@@ -226,7 +226,7 @@ def test_max_model_len_is_never_an_override(text: str) -> None:
 def test_final_message_says_what_ran_and_omits_applied_knobs() -> None:
     env = {**BASE, "MAX_NUM_SEQS": "256"}
     run = launch_until_stop(env, [OOM, OOM, OOM])
-    assert run.tried == [
+    assert [t.phrase for t in run.tried] == [
         "relaunched with MAX_NUM_SEQS=32",
         "relaunched with ENFORCE_EAGER=true",
     ]

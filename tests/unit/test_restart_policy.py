@@ -12,8 +12,9 @@ import pytest
 
 from tests.support import vllm_texts as t
 from tests.support.vllm_texts import vllm_log
+from vllm_worker.engine import monitor
+from vllm_worker.diagnosis import runtime
 from vllm_worker.diagnosis.verdict import Failure
-from vllm_worker import main
 from vllm_worker.engine.ladder import MAX_RESTARTS, RESTART_WINDOW_S, restart_allowed, restart_budget_phrase
 from vllm_worker.diagnosis.runtime import ENGINE_DEAD_TEXT, RUNTIME_KINDS, SERVING_MARKER, runtime_failure
 
@@ -54,7 +55,7 @@ def test_another_budget() -> None:
 
 def test_past_the_budget_the_answer_keeps_the_cause_and_names_the_budget() -> None:
     cause = runtime_failure(Failure.of("x", env={}, exit_code=-9)).message
-    sentence = main.budget_sentence(cause, 4)
+    sentence = monitor.budget_sentence(cause, 4)
     assert sentence.startswith(cause + " ")
     assert "4 times within 30 minutes" in sentence and "3 restarts within 30 minutes" in sentence
     assert "not restarted again" in sentence and "terminate this worker" in sentence
@@ -197,6 +198,6 @@ def test_a_secret_in_the_engines_last_words_is_masked() -> None:
 
 
 def test_in_flight_jobs_are_told_the_cause_and_that_the_engine_restarts() -> None:
-    sentence = f"{runtime_failure(Failure.of(GPU_OOM_SERVING, env={}, exit_code=1)).message} {main.RESTARTING}"
+    sentence = f"{runtime_failure(Failure.of(GPU_OOM_SERVING, env={}, exit_code=1)).message} {runtime.RESTARTING}"
     assert sentence.endswith("The worker is restarting the engine with the same settings; retry the request.")
     assert "\n" not in sentence

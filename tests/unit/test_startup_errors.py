@@ -17,7 +17,7 @@ from tests.support import vllm_texts as t
 from vllm_worker.diagnosis import runtime
 from vllm_worker.diagnosis import hub_messages
 from vllm_worker.diagnosis import verdict
-from vllm_worker.diagnosis.verdict import Failure
+from vllm_worker.diagnosis.verdict import Failure, Tried
 from vllm_worker.diagnosis import startup_errors
 from vllm_worker.model.preflight import GATED_REPO, REPO_NOT_FOUND, REVISION_NOT_FOUND, UNAUTHORIZED, Target, failure_message
 from vllm_worker.diagnosis.startup_errors import KINDS, classify, diagnose, memory_held, memory_shortfall
@@ -195,8 +195,8 @@ def test_fresh_failure_lists_every_knob_that_is_still_loose() -> None:
 
 def test_message_after_both_relaunches_says_what_ran_and_lists_only_what_remains() -> None:
     tried = [
-        "relaunched with MAX_NUM_SEQS=32",
-        "relaunched with ENFORCE_EAGER=true and MAX_NUM_BATCHED_TOKENS=8192",
+        Tried({"MAX_NUM_SEQS": "32"}),
+        Tried({"ENFORCE_EAGER": "true", "MAX_NUM_BATCHED_TOKENS": "8192"}),
     ]
     env = {
         "MODEL_NAME": MODEL,
@@ -206,7 +206,7 @@ def test_message_after_both_relaunches_says_what_ran_and_lists_only_what_remains
     }
     message = classify(Failure.of(t.KV_TOO_SMALL_WITH_ESTIMATE, MODEL, env=env, tried=tried))
     assert message is not None
-    assert f"Already tried: {tried[0]}; {tried[1]}." in message
+    assert "Already tried: relaunched with MAX_NUM_SEQS=32; relaunched with ENFORCE_EAGER=true and MAX_NUM_BATCHED_TOKENS=8192." in message
     for applied in ("set MAX_NUM_SEQS", "set ENFORCE_EAGER", "set MAX_NUM_BATCHED_TOKENS"):
         assert applied not in message
     assert "set MAX_MODEL_LEN <= 77392" in message
@@ -214,7 +214,7 @@ def test_message_after_both_relaunches_says_what_ran_and_lists_only_what_remains
 
 
 def test_a_knob_named_in_tried_is_not_suggested_even_if_env_lacks_it() -> None:
-    message = classify(Failure.of(t.NO_CACHE_BLOCKS, MODEL, env={}, tried=["relaunched with ENFORCE_EAGER=true and MAX_NUM_BATCHED_TOKENS=8192"]))
+    message = classify(Failure.of(t.NO_CACHE_BLOCKS, MODEL, env={}, tried=[Tried({"ENFORCE_EAGER": "true", "MAX_NUM_BATCHED_TOKENS": "8192"})]))
     assert message is not None
     assert "set ENFORCE_EAGER" not in message and "set MAX_NUM_BATCHED_TOKENS" not in message
 
@@ -324,9 +324,9 @@ def test_memory_held_message_gives_the_numbers() -> None:
 
 
 def test_memory_held_message_says_the_wait_already_ran() -> None:
-    tried = ["waited for the memory to be released and relaunched with the same settings"]
+    tried = [Tried(how="after_wait")]
     message = classify(Failure.of(t.FREE_MEMORY_LESS_THAN_DESIRED, MODEL, tried=tried))
-    assert message is not None and f"Already tried: {tried[0]}." in message
+    assert message is not None and "Already tried: waited for the memory to be released and relaunched with the same settings." in message
 
 
 def test_the_info_line_of_a_successful_start_is_not_memory_held() -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from vllm_worker.engine import ladder
-from vllm_worker.diagnosis.verdict import Diagnosis
+from vllm_worker.diagnosis.verdict import Diagnosis, Tried
 from vllm_worker.capacity.gpus import CARDS
 from vllm_worker.capacity.kv_cache import kv_bytes_per_token
 from vllm_worker.capacity.memory_budget import MIN_USEFUL_CONTEXT, Plan, fmt_gib, fmt_tokens, plan, weights_bytes
@@ -76,16 +76,17 @@ def fit_profile(
     if configured.verdict != "does_not_fit":
         return decision
 
+    # The ladder a startup out-of-memory would climb, walked on predictions instead of launches.
     shortfall = Diagnosis(kind="memory_shortfall", message="predicted", evidence="capacity plan", detail="kv_too_small")
-    attempts: list[Any] = []
-    launch_env = dict(env)
-    candidates: list[tuple[Any, dict[str, str], Plan]] = []
+    climb = ladder.Ladder(profile, max_concurrency, device_total_bytes=device_total_bytes)
+    launch = profile
+    candidates: list[tuple[Any, Mapping[str, str], Plan]] = []
     while True:
-        attempts.append(ladder.Attempt(env=dict(launch_env), diagnosis=shortfall))
-        step = ladder.next_launch(env, attempts, max_concurrency, device_total_bytes=device_total_bytes)
+        step = climb.after_failure(launch, shortfall)
         if isinstance(step, ladder.Stop):
             break
-        launch_env = apply_overrides(env, step.overrides)
+        launch = climb.profile
+        launch_env = launch.env
         candidate = plan_for(launch_env)
         candidates.append((step, launch_env, candidate))
         if candidate.verdict != "does_not_fit":
@@ -111,7 +112,7 @@ def fit_profile(
                     f"launching with MAX_MODEL_LEN=auto, vLLM serves the longest context that fits "
                     f"(predicted about {auto_plan.max_model_len} tokens)"
                 ),
-                tried_phrase="launched with MAX_MODEL_LEN=auto",
+                tried=Tried({"MAX_MODEL_LEN": "auto"}, how="first_launch"),
                 warnings=[
                     f"MAX_MODEL_LEN is not set and the model's full {facts.max_context}-token context does not fit "
                     f"on this GPU: launching with MAX_MODEL_LEN=auto (about {auto_plan.max_model_len} tokens predicted, "

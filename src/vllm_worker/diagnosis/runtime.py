@@ -12,7 +12,7 @@ import signal
 from typing import Sequence
 
 from vllm_worker.config.profile import LaunchProfile
-from vllm_worker.diagnosis.verdict import Diagnosis, Failure, compose, evidence_of, scrubbed
+from vllm_worker.diagnosis.verdict import Diagnosis, Failure, Tried, changes_text, compose, evidence_of, scrubbed
 from vllm_worker.diagnosis.rules import clean_lines
 
 # --- the engine died while serving ------------------------------------------------------------
@@ -133,6 +133,13 @@ def runtime_failure(failure: Failure) -> Diagnosis:
 
 
 RESTARTING = "The worker is restarting the engine with the same settings; retry the request."
+
+
+def restarting_sentence(step: Tried | None) -> str:
+    """What running jobs hear after the cause: the engine comes back as it was, or on a ladder step."""
+    if step is None:
+        return RESTARTING
+    return f"The worker is restarting the engine with {changes_text(step.changes)}; retry the request."
 
 
 def hang_diagnosis(seconds: float) -> Diagnosis:

@@ -25,6 +25,7 @@ from vllm_worker.diagnosis.verdict import (
     EAGER_MAX_BATCHED_TOKENS,
     HIGHEST_ADVISED_UTILIZATION,
     answer,
+    changed,
     device_of,
     gib,
     size_text,
@@ -45,10 +46,6 @@ _DETAIL_PRIORITY = (
 )
 
 
-def _tried_mentions(tried: Sequence[str], variable: str) -> bool:
-    return any(f"{variable}=" in phrase for phrase in tried)
-
-
 def _knob_fixes(ctx: Context, observed_seqs: int | None = None) -> list[str]:
     """The relaunch knobs (see `recovery`) that are still left to turn."""
     fixes: list[str] = []
@@ -58,13 +55,13 @@ def _knob_fixes(ctx: Context, observed_seqs: int | None = None) -> list[str]:
     seqs = knobs.effective_max_num_seqs()
     if observed_seqs is not None and knobs.max_num_seqs is None:
         seqs = observed_seqs
-    if seqs > target and not _tried_mentions(ctx.tried, "MAX_NUM_SEQS"):
+    if seqs > target and not changed(ctx.tried, "MAX_NUM_SEQS"):
         fixes.append(f"set MAX_NUM_SEQS={target} (now {seqs}; MAX_CONCURRENCY={max_concurrency} needs no more)")
-    if knobs.enforce_eager is not True and not _tried_mentions(ctx.tried, "ENFORCE_EAGER"):
+    if knobs.enforce_eager is not True and not changed(ctx.tried, "ENFORCE_EAGER"):
         fixes.append("set ENFORCE_EAGER=true (no CUDA graphs: less memory, slower replies)")
     # Only a value above the cap: unset, vLLM's own default is 2048 on most cards, and 8192 would raise it.
     tokens = knobs.max_num_batched_tokens
-    if tokens is not None and tokens > EAGER_MAX_BATCHED_TOKENS and not _tried_mentions(ctx.tried, "MAX_NUM_BATCHED_TOKENS"):
+    if tokens is not None and tokens > EAGER_MAX_BATCHED_TOKENS and not changed(ctx.tried, "MAX_NUM_BATCHED_TOKENS"):
         fixes.append(f"lower MAX_NUM_BATCHED_TOKENS to {EAGER_MAX_BATCHED_TOKENS} (now {tokens})")
     return fixes
 

@@ -72,14 +72,14 @@ class Failure:
 
     output: the tail of the engine's output. profile: the launch configuration that failed (it
     decides which fixes remain). tried: what the worker already did, as phrases ("relaunched with
-    MAX_NUM_SEQS=32"). weights_bytes: the checkpoint's size when the capacity plan knows it.
+    MAX_NUM_SEQS=32"), as data. weights_bytes: the checkpoint's size when the capacity plan knows it.
     model/revision: the reference when the output does not name it (default: the profile's).
     """
 
     output: str
     profile: LaunchProfile = field(default_factory=lambda: LaunchProfile.parse({}))
     exit_code: int | None = None
-    tried: tuple[str, ...] = ()
+    tried: tuple[Tried, ...] = ()
     weights_bytes: int | None = None
     model: str | None = None
     revision: str | None = None
@@ -93,7 +93,7 @@ class Failure:
         revision: str | None = None,
         exit_code: int | None = None,
         env: Mapping[str, str] | None = None,
-        tried: Sequence[str] = (),
+        tried: Sequence[Tried] = (),
         weights_bytes: int | None = None,
     ) -> "Failure":
         """A failure of a launch whose configuration is still a mapping of variables."""
@@ -109,7 +109,7 @@ class Context:
     model: str | None
     revision: str | None
     exit_code: int | None
-    tried: tuple[str, ...]
+    tried: tuple[Tried, ...]
     weights_bytes: int | None = None
     profile: LaunchProfile = field(default_factory=lambda: LaunchProfile.parse({}))
 
@@ -138,11 +138,52 @@ def evidence_of(line: str) -> str:
 # --- message assembly -----------------------------------------------------------
 
 
-def tried_sentence(tried: Sequence[str]) -> str:
-    return f" Already tried: {'; '.join(tried)}." if tried else ""
+@dataclass(frozen=True)
+class Tried:
+    """A launch the worker already made on its own, as data: the knobs it changed, to what (None:
+    removed), and how. Only `phrase` turns it into words, so a message or a restart sentence asks
+    "was MAX_NUM_SEQS changed?" of `changes`, never of a sentence.
+
+    how: "changed" (relaunched with `changes`), "first_launch" (the capacity plan's first launch),
+    "same" (relaunched with the same settings), "after_wait" (the same, after waiting for memory),
+    "no_wait" (the same, GPU_MEMORY_WAIT=false), "refetch" (to resolve a vanished revision again).
+    """
+
+    changes: Mapping[str, str | None] = field(default_factory=dict)
+    how: str = "changed"
+
+    @property
+    def phrase(self) -> str:
+        if self.how == "same":
+            return "relaunched once with the same settings"
+        if self.how == "after_wait":
+            return "waited for the memory to be released and relaunched with the same settings"
+        if self.how == "no_wait":
+            return "relaunched with the same settings, without waiting for memory (GPU_MEMORY_WAIT=false)"
+        if self.how == "refetch":
+            return "relaunched once to fetch the current revision"
+        verb = "launched" if self.how == "first_launch" else "relaunched"
+        removed = [name for name, value in self.changes.items() if value is None]
+        if removed and len(removed) == len(self.changes):
+            return f"{verb} without {', '.join(removed)}"
+        return f"{verb} with {changes_text(self.changes)}"
 
 
-def compose(cause: str, tried: Sequence[str], fixes: Sequence[str]) -> str:
+def changes_text(changes: Mapping[str, str | None]) -> str:
+    """`{"ENFORCE_EAGER": "true", "MAX_NUM_BATCHED_TOKENS": "8192"}` -> "ENFORCE_EAGER=true and MAX_NUM_BATCHED_TOKENS=8192"."""
+    return " and ".join(f"{name}={value}" if value is not None else f"no {name}" for name, value in changes.items())
+
+
+def tried_sentence(tried: Sequence[Tried]) -> str:
+    return f" Already tried: {'; '.join(t.phrase for t in tried)}." if tried else ""
+
+
+def changed(tried: Sequence[Tried], variable: str) -> bool:
+    """Whether a launch the worker made on its own already changed `variable`."""
+    return any(variable in t.changes for t in tried)
+
+
+def compose(cause: str, tried: Sequence[Tried], fixes: Sequence[str]) -> str:
     text = cause.rstrip(".") + "." + tried_sentence(tried)
     if fixes:
         text += f" To fix: {'; or '.join(fixes)}."

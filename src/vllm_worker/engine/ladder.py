@@ -32,7 +32,11 @@ itself, within a hard budget of three launches in all:
 
 `next_launch` is pure: it reads what happened so far and returns the overrides
 for the next launch or `Stop`. It derives which steps were used by replaying
-itself over the earlier attempts, so the caller keeps no ladder state.
+itself over the earlier attempts. `Ladder` is the one driver around it: startup walks it
+after each failed launch, the monitor asks it for the next memory step after an
+out-of-memory death (so a step startup took is not taken twice), and the capacity plan
+walks a throwaway one to find the first profile predicted to fit. What it took is kept as
+data (`Tried`: which knobs changed to what); only the messages turn it into words.
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ from typing import Mapping, Sequence
 
 from vllm_worker.config.settings import multiple_of_8_at_least
 from vllm_worker.config.profile import LaunchProfile
-from vllm_worker.diagnosis.verdict import EAGER_MAX_BATCHED_TOKENS, TRANSIENT_KINDS, Diagnosis
+from vllm_worker.diagnosis.verdict import EAGER_MAX_BATCHED_TOKENS, TRANSIENT_KINDS, Diagnosis, Tried, changes_text
 
 MAX_LAUNCHES = 3
 REVISION_VARIABLES = ("MODEL_REVISION", "REVISION", "TOKENIZER_REVISION", "CODE_REVISION")
@@ -80,16 +84,20 @@ class Relaunch:
     overrides: variable -> value, None = remove the variable; cumulative (they include
     earlier relaunches' overrides), so applying them to the base env gives the next
     launch's env. profile: "max_num_seqs=N", "eager", "revision_unpinned" or "same".
-    tried_phrase: how the message of a later failure names this relaunch. warnings:
+    tried: what this relaunch changed, as data (a later failure's message names it). warnings:
     lines to log loudly. wait_for_memory: wait for device memory to be released first.
     """
 
     overrides: dict[str, str | None]
     profile: str
     reason: str
-    tried_phrase: str
+    tried: Tried
     warnings: list[str] = field(default_factory=list)
     wait_for_memory: bool = False
+
+    @property
+    def tried_phrase(self) -> str:
+        return self.tried.phrase
 
 
 @dataclass(frozen=True)
@@ -97,6 +105,30 @@ class Stop:
     """No relaunch: answer jobs with the diagnosis."""
 
     reason: str
+
+
+# Causes answered by one launch of the same configuration, after waiting for the memory:
+# kind -> (step name, used once; why not again; reason; how the messages name it).
+_SAME_AGAIN: dict[str, tuple[str, str, str, str]] = {
+    "memory_held": (
+        "held",
+        "the memory was still held after waiting once",
+        "another process held the memory vLLM needs; waiting for it and launching the same configuration",
+        "after_wait",
+    ),
+    "profiling_race": (
+        "race",
+        "the memory measurement was disturbed again",
+        "another process changed GPU memory while vLLM measured it; launching the same configuration",
+        "same",
+    ),
+    "transient": (
+        "transient",
+        "{kind}: it failed the same way after one relaunch",
+        "{kind}: a fault that may pass; launching the same configuration once more",
+        "same",
+    ),
+}
 
 
 @dataclass(frozen=True)
@@ -162,45 +194,12 @@ def _plan(
         if "revision" in used:
             return Stop("the revision was already unpinned once")
         return _revision_step(profile, prior)
-    if diagnosis.kind == "memory_held":
-        if "held" in used:
-            return Stop("the memory was still held after waiting once")
-        return _Step(
-            "held",
-            Relaunch(
-                overrides=prior,
-                profile="same",
-                reason="another process held the memory vLLM needs; waiting for it and launching the same configuration",
-                tried_phrase="waited for the memory to be released and relaunched with the same settings",
-                wait_for_memory=True,
-            ),
-        )
-    if diagnosis.kind == "profiling_race":
-        if "race" in used:
-            return Stop("the memory measurement was disturbed again")
-        return _Step(
-            "race",
-            Relaunch(
-                overrides=prior,
-                profile="same",
-                reason="another process changed GPU memory while vLLM measured it; launching the same configuration",
-                tried_phrase="relaunched once with the same settings",
-                wait_for_memory=True,
-            ),
-        )
-    if diagnosis.kind in TRANSIENT_KINDS:
-        if "transient" in used:
-            return Stop(f"{diagnosis.kind}: it failed the same way after one relaunch")
-        return _Step(
-            "transient",
-            Relaunch(
-                overrides=prior,
-                profile="same",
-                reason=f"{diagnosis.kind}: a fault that may pass; launching the same configuration once more",
-                tried_phrase="relaunched once with the same settings",
-                wait_for_memory=True,
-            ),
-        )
+    same_again = _SAME_AGAIN.get("transient" if diagnosis.kind in TRANSIENT_KINDS else diagnosis.kind)
+    if same_again is not None:
+        name, stop, reason, how = same_again
+        if name in used:
+            return Stop(stop.format(kind=diagnosis.kind))
+        return _Step(name, Relaunch(prior, "same", reason.format(kind=diagnosis.kind), Tried(how=how), wait_for_memory=True))
     if diagnosis.kind == "memory_shortfall":
         if diagnosis.detail in _NOT_FOOTPRINT_FIXABLE:
             return Stop(_NOT_FOOTPRINT_FIXABLE[diagnosis.detail])
@@ -229,13 +228,13 @@ def _revision_step(profile: LaunchProfile, prior: dict[str, str | None]) -> _Ste
             f"so the repository's default branch is served"
             for name in pinned
         ]
-        phrase = f"relaunched without {names}"
+        tried = Tried({name: None for name in pinned})
         reason = f"the pinned revision vanished; relaunching without {names}"
     else:
         warnings = []
-        phrase = "relaunched once to fetch the current revision"
+        tried = Tried(how="refetch")
         reason = "the revision vLLM resolved vanished during the download; relaunching to resolve it again"
-    return _Step("revision", Relaunch(overrides=overrides, profile="revision_unpinned", reason=reason, tried_phrase=phrase, warnings=warnings))
+    return _Step("revision", Relaunch(overrides, "revision_unpinned", reason, tried, warnings=warnings))
 
 
 def _seqs_step(profile: LaunchProfile, prior: dict[str, str | None], max_concurrency: int) -> _Step | None:
@@ -252,7 +251,7 @@ def _seqs_step(profile: LaunchProfile, prior: dict[str, str | None], max_concurr
                 f"out of memory with MAX_NUM_SEQS={current}; relaunching with MAX_NUM_SEQS={target} "
                 f"(enough for MAX_CONCURRENCY={max_concurrency}), CUDA graphs kept"
             ),
-            tried_phrase=f"relaunched with MAX_NUM_SEQS={target}",
+            tried=Tried({"MAX_NUM_SEQS": str(target)}),
         ),
     )
 
@@ -280,7 +279,7 @@ def _eager_step(profile: LaunchProfile, prior: dict[str, str | None], device_tot
             delta["MAX_NUM_BATCHED_TOKENS"] = str(EAGER_MAX_BATCHED_TOKENS)
     if not delta:
         return None
-    changed = " and ".join(f"{name}={value}" for name, value in delta.items())
+    changed = changes_text(delta)
     note = ""
     if "MAX_NUM_BATCHED_TOKENS" not in delta:
         note = f" (MAX_NUM_BATCHED_TOKENS={tokens} kept)" if tokens is not None else " (MAX_NUM_BATCHED_TOKENS left to vLLM's default)"
@@ -290,7 +289,7 @@ def _eager_step(profile: LaunchProfile, prior: dict[str, str | None], device_tot
             overrides={**prior, **delta},
             profile="eager",
             reason=f"out of memory; relaunching with {changed}{note}: less memory, slower replies",
-            tried_phrase=f"relaunched with {changed}",
+            tried=Tried(dict(delta)),
             warnings=warnings,
         ),
     )
@@ -350,3 +349,84 @@ def restart_budget_phrase(max_restarts: int = MAX_RESTARTS, window_s: float = RE
     """How messages name the budget: "3 restarts within 30 minutes"."""
     minutes = window_s / 60
     return f"{max_restarts} restart{'s' if max_restarts != 1 else ''} within {minutes:g} minutes"
+
+
+class Ladder:
+    """The one ladder driver: where a worker's launches stand, for startup, restarts and the plan.
+
+    base: the user's configuration. After each failed launch `after_failure` says what to launch
+    next (or Stop); after an out-of-memory death `after_death` gives the next memory step from the
+    profile that was serving. `tried` is what the worker did on its own, as data, for the messages;
+    `step` is the relaunch in force (None: as configured).
+    """
+
+    def __init__(
+        self,
+        base: LaunchProfile,
+        max_concurrency: int,
+        *,
+        device_total_bytes: int | None = None,
+        max_launches: int = MAX_LAUNCHES,
+        memory_wait: bool = True,
+    ) -> None:
+        self.base = base
+        self.max_concurrency = max_concurrency
+        self.device_total_bytes = device_total_bytes
+        self.max_launches = max_launches
+        self.memory_wait = memory_wait
+        self.attempts: list[Attempt] = []
+        self.tried: list[Tried] = []
+        self.step: Relaunch | None = None
+
+    def start_on(self, step: Relaunch | None) -> LaunchProfile:
+        """The first launch: as configured, or on the profile the capacity plan chose."""
+        self.step = step
+        return self.profile
+
+    @property
+    def profile(self) -> LaunchProfile:
+        """The launch configuration in force."""
+        if self.step is None:
+            return self.base
+        return self.base.with_overrides(self.step.profile, self.step.overrides)
+
+    def after_failure(self, profile: LaunchProfile, diagnosis: Diagnosis | None) -> Relaunch | Stop:
+        """`profile` failed to start with `diagnosis`: the next launch, or Stop."""
+        self.attempts.append(Attempt(env=dict(profile.env), diagnosis=diagnosis))
+        step = next_launch(
+            self.base.env, self.attempts, self.max_concurrency, self.max_launches,
+            device_total_bytes=self.device_total_bytes,
+        )
+        if isinstance(step, Relaunch):
+            self._take(step)
+        return step
+
+    def after_death(self, diagnosis: Diagnosis) -> Relaunch | None:
+        """A serving engine died: after a GPU out-of-memory death the next memory step, else None (the same again)."""
+        if diagnosis.kind != "runtime_oom" or diagnosis.facts.get("device") == "CPU":
+            return None
+        step = next_after_death(
+            self.base.env, self.profile.env, self.max_concurrency, device_total_bytes=self.device_total_bytes
+        )
+        if step is not None:
+            self._take(step)
+        return step
+
+    def _take(self, step: Relaunch) -> None:
+        if step.wait_for_memory and not self.memory_wait:
+            self.tried.append(Tried(how="no_wait"))
+        else:
+            self.tried.append(step.tried)
+        if step.profile != "same":
+            self.step = step
+
+    def notice(self) -> dict[str, object] | None:
+        """The degraded profile every response names (the handler's `worker` object); None as configured."""
+        if self.step is None:
+            return None
+        return {
+            "name": self.step.profile,
+            "reason": self.step.reason,
+            "overrides": dict(self.step.overrides),
+            "tried": [t.phrase for t in self.tried],
+        }

@@ -27,10 +27,10 @@ from vllm_worker import capacity
 from vllm_worker.engine import ladder
 
 from vllm_worker.diagnosis import startup_errors
-from vllm_worker.diagnosis.verdict import Diagnosis, Failure
+from vllm_worker.diagnosis.verdict import Diagnosis, Failure, Tried
 from vllm_worker.config import settings as settings_mod
 from vllm_worker.engine.process import Engine, command_problem
-from vllm_worker.config.profile import LaunchProfile, apply_overrides
+from vllm_worker.config.profile import LaunchProfile
 
 log = logging.getLogger("vllm_worker")
 
@@ -93,7 +93,7 @@ def launch_failure(
     engine: Engine,
     profile: LaunchProfile,
     settings: settings_mod.Settings,
-    tried: Sequence[str] = (),
+    tried: Sequence[Tried] = (),
     weights_bytes: int | None = None,
 ) -> Diagnosis:
     """Why a launch ended before it was ready; always an answer, never an exit."""
@@ -139,7 +139,7 @@ class Launcher:
         self.clock = clock
         self.count = 0
 
-    def attempt(self, profile: LaunchProfile, record: dict[str, Any] | None = None, tried: Sequence[str] = ()) -> Attempt:
+    def attempt(self, profile: LaunchProfile, record: dict[str, Any] | None = None, tried: Sequence[Tried] = ()) -> Attempt:
         """Launch `profile` once; the launch record (profile, overrides, `record`'s extras) comes back with it."""
         self.count += 1
         launch_env = profile.env
@@ -201,6 +201,7 @@ class StartupOutcome:
     warnings: list[str] = field(default_factory=list)  # the launch configuration's warnings, for the status job
     base_env: dict[str, str] = field(default_factory=dict)  # the user's configuration, before any ladder step
     launcher: Launcher | None = None  # what made the launches; restarts go on through it
+    climb: ladder.Ladder | None = None  # where the ladder stands; an out-of-memory death goes on from there
     device_total_bytes: int | None = None
 
 
@@ -222,19 +223,15 @@ def start_engine(
     if launcher is None:
         weights = startup_plan.predicted.weights_bytes if startup_plan and startup_plan.predicted else None
         launcher = Launcher(settings, supervisor, wait_for_memory, weights)
-    env = base.env
-    outcome = StartupOutcome(base_env=dict(env), launcher=launcher, device_total_bytes=device_total_bytes)
-    attempts: list[ladder.Attempt] = []
-    tried: list[str] = []
-    pending: ladder.Relaunch | None = None
-    if startup_plan is not None and startup_plan.relaunch is not None:
-        pending = startup_plan.relaunch
-    launch_env = apply_overrides(env, pending.overrides if pending else {})
+    climb = ladder.Ladder(
+        base, settings.max_concurrency, device_total_bytes=device_total_bytes, memory_wait=wait_for_memory is not None
+    )
+    outcome = StartupOutcome(
+        base_env=dict(base.env), launcher=launcher, device_total_bytes=device_total_bytes, climb=climb
+    )
+    profile = climb.start_on(startup_plan.relaunch if startup_plan is not None else None)
     while True:
-        profile = LaunchProfile.parse(
-            launch_env, pending.profile if pending else "as configured", pending.overrides if pending else {}
-        )
-        result = launcher.attempt(profile, tried=tried)
+        result = launcher.attempt(profile, tried=climb.tried)
         outcome.served_model_name = result.served_model_name or outcome.served_model_name
         outcome.warnings += [w for w in result.warnings if w not in outcome.warnings]
         if result.outcome == "fatal":
@@ -244,38 +241,26 @@ def start_engine(
         if result.outcome == "ready":
             assert result.engine is not None
             outcome.engine = result.engine
-            outcome.launch_env = dict(launch_env)
+            outcome.launch_env = dict(profile.env)
             outcome.capacity = capacity_line(result.engine.tail())
             if startup_plan is not None:
                 outcome.capacity_plan = capacity_status(startup_plan, profile, result.engine.tail(), settings)
-            if pending is not None:
-                outcome.profile = profile_notice(pending, tried)
+            outcome.profile = climb.notice()
             return outcome
         if result.outcome in ("timeout", "stopped"):
             outcome.fatal = result.message or "The worker is shutting down."
             return outcome
         diagnosis = result.diagnosis
         assert diagnosis is not None
-        attempts.append(ladder.Attempt(env=dict(launch_env), diagnosis=diagnosis))
         log.error("launch %d failed: %s", result.record["launch"], diagnosis.message)
-        step = ladder.next_launch(env, attempts, settings.max_concurrency, device_total_bytes=device_total_bytes)
+        step = climb.after_failure(profile, diagnosis)
         if isinstance(step, ladder.Stop):
             outcome.fatal = diagnosis.message
             return outcome
         for warning in step.warnings:
             log.warning(warning)
         log.warning("relaunching (%s): %s", step.profile, step.reason)
-        if step.wait_for_memory and wait_for_memory is None:
-            tried.append("relaunched with the same settings, without waiting for memory (GPU_MEMORY_WAIT=false)")
-        else:
-            tried.append(step.tried_phrase)
-        launch_env = apply_overrides(env, step.overrides)
-        pending = step if step.profile != "same" else pending
-
-
-def profile_notice(step: ladder.Relaunch, tried: Sequence[str]) -> dict[str, Any]:
-    """The degraded profile every response names (handler's `worker` object)."""
-    return {"name": step.profile, "reason": step.reason, "overrides": dict(step.overrides), "tried": list(tried)}
+        profile = climb.profile
 
 
 def capacity_status(

@@ -27,16 +27,15 @@ import urllib.request
 from typing import Any, Callable, Mapping, Sequence
 
 from vllm_worker.diagnosis import runtime
-from vllm_worker.diagnosis.runtime import RESTARTING, hang_diagnosis
-from vllm_worker.diagnosis.verdict import Diagnosis, Failure
+from vllm_worker.diagnosis.runtime import hang_diagnosis, restarting_sentence
+from vllm_worker.diagnosis.verdict import Failure
 from vllm_worker.serving import handler
 
 from vllm_worker.engine import ladder
 
 from vllm_worker.config import settings as settings_mod
 from vllm_worker.engine.process import Engine, health_url
-from vllm_worker.engine.launcher import Launcher, MemoryWait, Supervisor, profile_notice
-from vllm_worker.config.profile import LaunchProfile, apply_overrides
+from vllm_worker.engine.launcher import Launcher, MemoryWait, Supervisor
 
 log = logging.getLogger("vllm_worker")
 
@@ -83,30 +82,22 @@ class EngineMonitor:
         supervisor: Supervisor,
         settings: settings_mod.Settings,
         state: handler.WorkerState,
-        launch_env: Mapping[str, str],
+        climb: ladder.Ladder,
         launches: Sequence[dict[str, Any]],
         wait_for_memory: MemoryWait | None,
         clock: Callable[[], float] = time.monotonic,
-        base_env: Mapping[str, str] | None = None,
         launcher: Launcher | None = None,
-        device_total_bytes: int | None = None,
     ) -> None:
         self.supervisor = supervisor
         self.settings = settings
         self.state = state
-        self.launch_env = dict(launch_env)
-        self.base_env = dict(base_env if base_env is not None else launch_env)
+        self.climb = climb  # the startup's ladder: a step it took is not taken again after a death
         self.launches = [dict(record) for record in launches]
         self.clock = clock
         self.launcher = launcher or Launcher(settings, supervisor, wait_for_memory, clock=clock)
         self.launcher.count = max(self.launcher.count, len(self.launches))
-        self.device_total_bytes = device_total_bytes
         self.restarts: list[float] = []
         self.causes: list[str] = list(state.status.get("causes", []))
-        serving = self.launches[-1] if self.launches else {}
-        self._profile = serving.get("profile", "as configured")
-        self._overrides = dict(serving.get("overrides", {}))
-        self._tried: list[str] = list((state.profile or {}).get("tried", []))
         self.thread: threading.Thread | None = None
 
     def start(self, engine: Engine) -> threading.Thread:
@@ -162,13 +153,16 @@ class EngineMonitor:
         if how == "hung":
             diagnosis = hang_diagnosis(self.settings.hang_timeout)
         else:
-            diagnosis = runtime.runtime_failure(Failure(tail, LaunchProfile.parse(self.launch_env), code))
+            diagnosis = runtime.runtime_failure(Failure(tail, self.climb.profile, code))
         now = self.clock()
         recent = [at for at in self.restarts if now - at < ladder.RESTART_WINDOW_S]
         allowed = ladder.restart_allowed(self.restarts, now)
-        step = self._next_step(diagnosis) if allowed else None
-        restarting = RESTARTING if step is None else f"The worker is restarting the engine with {step.tried_phrase.removeprefix('relaunched with ')}; retry the request."
-        sentence = f"{diagnosis.message} {restarting}" if allowed else budget_sentence(diagnosis.message, len(recent) + 1)
+        step = self.climb.after_death(diagnosis) if allowed else None
+        sentence = (
+            f"{diagnosis.message} {restarting_sentence(step.tried if step else None)}"
+            if allowed
+            else budget_sentence(diagnosis.message, len(recent) + 1)
+        )
         log.error("the engine stopped while serving: %s", diagnosis.message)
         record = self.launches[-1] if self.launches else {}
         record.update(outcome="hung" if how == "hung" else "died", cause=diagnosis.kind, exit_code=code, message=diagnosis.message)
@@ -191,34 +185,22 @@ class EngineMonitor:
         self._publish()
         return self._relaunch(diagnosis.kind)
 
-    def _next_step(self, diagnosis: Diagnosis) -> ladder.Relaunch | None:
-        """After an out-of-memory death, the ladder's next footprint; None: relaunch the same one."""
-        if diagnosis.kind != "runtime_oom" or diagnosis.facts.get("device") == "CPU":
-            return None
-        return ladder.next_after_death(
-            self.base_env, self.launch_env, self.settings.max_concurrency, device_total_bytes=self.device_total_bytes
-        )
-
     def _take(self, step: ladder.Relaunch) -> None:
         for warning in step.warnings:
             log.warning(warning)
         log.warning("relaunching (%s): %s", step.profile, step.reason)
-        self._tried.append(step.tried_phrase)
-        self.launch_env = apply_overrides(self.base_env, step.overrides)
-        self._profile, self._overrides = step.profile, dict(step.overrides)
         # Every response names the slower profile from now on.
-        self.state.profile = profile_notice(step, self._tried)
+        self.state.profile = self.climb.notice()
 
     def _relaunch(self, after: str) -> Engine | None:
         while True:
             log.warning(
                 "restarting the engine (%s; restart %d; at most %s)",
-                self._profile,
+                self.climb.profile.name,
                 len(self.restarts),
                 ladder.restart_budget_phrase(),
             )
-            profile = LaunchProfile.parse(self.launch_env, self._profile, self._overrides)
-            result = self.launcher.attempt(profile, {"restart": len(self.restarts), "after": after})
+            result = self.launcher.attempt(self.climb.profile, {"restart": len(self.restarts), "after": after})
             if result.outcome == "fatal":
                 self._give_up(result.message or "The engine could not be started again.", None)
                 return None
@@ -261,5 +243,5 @@ class EngineMonitor:
         status["restarts"] = len(self.restarts)
         status["causes"] = list(self.causes)
         status["fatal"] = self.state.fatal
-        status["profile"] = self._profile
+        status["profile"] = self.climb.profile.name
         self.state.status = status
