@@ -161,13 +161,11 @@ def test_no_official_variable_is_dropped_silently(name: str) -> None:
         assert naming[0].startswith(f"{name}={value!r}") and ("no effect" in naming[0] or "is ignored" in naming[0])
 
 
-def test_the_official_form_at_its_defaults_starts_and_answers_only_what_vllm_lacks() -> None:
+def test_the_official_form_at_its_defaults_starts_without_a_word() -> None:
     """The Hub form writes every default into the endpoint; the defaults of the answered ones ask for nothing."""
     hub_defaults = {n: OFFICIAL[n].default for n in NAMES["hub_json"] if OFFICIAL[n].default is not None}
     built, _ = build({**BASE, **hub_defaults})  # type: ignore[arg-type]
-    assert built.warnings == [
-        "SCHEDULER_DELAY_FACTOR='0' is ignored: vLLM 0.32 has no --scheduler-delay-factor (vLLM 0.32 has no replacement)."
-    ]
+    assert built.warnings == []
     assert has_flag(built.argv, "--response-role", "assistant")
     assert "--speculative-config" not in built.argv
 
@@ -263,3 +261,9 @@ def test_answered_variables_at_the_forms_default_stay_quiet_whatever_the_spellin
     quiet = {"DEVICE": "AUTO", "RAW_OPENAI_OUTPUT": "True", "DEFAULT_BATCH_SIZE": "50.0", "DEFAULT_MIN_BATCH_SIZE": "1"}
     assert official_worker.notices(quiet) == []
     assert len(official_worker.notices({**quiet, "RAW_OPENAI_OUTPUT": "0"})) == 1
+
+
+def test_the_migration_guide_says_what_becomes_of_every_official_variable() -> None:
+    guide = (Path(__file__).resolve().parents[2] / "docs" / "migration.md").read_text()
+    missing = [name for name in ALL_NAMES if f"`{name}`" not in guide]
+    assert missing == [], f"docs/migration.md does not mention {missing}"

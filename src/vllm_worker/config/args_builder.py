@@ -551,7 +551,8 @@ def build_args(env: Mapping[str, str], settings: Settings) -> BuiltArgs:
             continue
         value = values[name]
         if kind == "removed":
-            warnings.append(f"{name}={value!r} is ignored: vLLM 0.32 has no {flag_for(name)} ({REMOVED_NOTES[name]}).")
+            if not official_worker.at_form_default(name, value):  # the official Hub form writes its defaults
+                warnings.append(f"{name}={value!r} is ignored: vLLM 0.32 has no {flag_for(name)} ({REMOVED_NOTES[name]}).")
             continue
         flag = OPTIONS[name]["flag"]
         source = sources.get(name, name)

@@ -13,12 +13,12 @@ nothing and says nothing is a setting the user believes applies, so each of them
 - "worker": a setting the worker itself reads, with the same meaning;
 - "volume": BASE_PATH, the network volume's root, under which the worker keeps its caches;
 - "engine_env": read by vLLM or torch from the engine's environment, which carries it unchanged;
-- "removed": a vLLM option vLLM 0.32 no longer has, answered by the removed-variable warning;
+- "removed": a vLLM option vLLM 0.32 no longer has, answered by args_builder's removed-variable warning;
 - "answered": nothing here does what it did there; set to anything but the form's default, it
   draws one sentence (`notices`) in the log and the status job naming it and what to do instead.
 
-The Hub form writes its defaults into every endpoint's environment, so an "answered" variable
-left at the form's default asks for nothing and draws no sentence.
+The Hub form writes its defaults into every endpoint's environment, so an "answered" or "removed"
+variable left at the form's default asks for nothing and draws no sentence (`at_form_default`).
 
 Pure; it reads strings through `config.env` only, and `args_builder` folds this table into the launch.
 tests/unit/test_official_worker.py walks every name of the official form through it.
@@ -227,14 +227,18 @@ def _same(value: str, default: str) -> bool:
         return False
 
 
+def at_form_default(name: str, value: str) -> bool:
+    """Whether `value` is the official form's default for `name`: then it asks for nothing the user chose."""
+    entry = OFFICIAL.get(name)
+    return entry is not None and entry.default is not None and _same(value, entry.default)
+
+
 def notices(env: Mapping[str, str]) -> list[str]:
     """One sentence per "answered" variable set to something other than the official form's default."""
     sentences = []
     for name, entry in OFFICIAL.items():
         value = value_of(env, name)
-        if entry.how != "answered" or value is None:
-            continue
-        if entry.default is not None and _same(value, entry.default):
+        if entry.how != "answered" or value is None or at_form_default(name, value):
             continue
         sentences.append(f"{name}={value!r} has no effect here: {entry.answer}.")
     return sentences
