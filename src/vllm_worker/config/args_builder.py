@@ -380,7 +380,7 @@ def _fold_official_speculative(env: Mapping[str, str], values: dict[str, str], s
         twins_set = frozenset(key for key, twin in official_worker.SPECULATIVE_TWINS.items() if twin in values)
         values["SPECULATIVE_CONFIG"] = official_worker.fold_speculative(values.get("SPECULATIVE_CONFIG"), fields, twins_set)
     except official_worker.FoldError as error:
-        raise ArgsError(error.variable, error.value, error.accepted) from None
+        raise ArgsError(error.variable, _mask_text(error.value, _secret_values(env)), error.accepted) from None
     sources.setdefault("SPECULATIVE_CONFIG", ", ".join(sorted({variable for variable, _ in fields.values()})))
 
 
