@@ -103,3 +103,46 @@ def test_the_default_roots_are_runpods_then_hf_home(tmp_path: Path) -> None:
         ("Runpod model cache", Path("/runpod-volume/huggingface-cache/hub")),
         ("HF_HUB_CACHE", tmp_path / "hf" / "hub"),
     ]
+
+
+# --- a folder stored under another case (Runpod's model cache may lower-case `Org/Name`: worker-vllm#310)
+
+
+def test_a_lower_cased_folder_is_found_and_read_offline_under_the_requested_name(hub: HubStub, tmp_path: Path) -> None:
+    root = tmp_path / "cache"
+    snapshot = download(hub, root, "org/model")  # stored as models--org--model
+    env = env_for(root, MODEL_NAME="Org/Model")
+
+    found = model_cache.lookup(LaunchProfile.parse(env))
+    assert found is not None
+    assert (found.repo, found.snapshot, found.commit) == ("Org/Model", snapshot, snapshot.name)
+    assert found.renamed == (("models--Org--Model", root / "models--org--model"),)
+    assert "models--org--model differs from models--Org--Model only in case" in found.log_line()
+
+    served = model_cache.offline_env(env, found, view_parent=tmp_path)
+    view = Path(served["HF_HUB_CACHE"])
+    assert served["HF_HUB_OFFLINE"] == "1" and view.parent == tmp_path and view != root
+    # The real huggingface_hub, offline, finds the model under the name the user asked for.
+    resolved = Path(snapshot_download("Org/Model", cache_dir=view, local_files_only=True))
+    assert resolved == view / "models--Org--Model" / "snapshots" / snapshot.name
+    assert json.loads((resolved / "config.json").read_text()) == {"model_type": "llama"}
+    # The cache itself is untouched: still one folder, lower-cased.
+    assert sorted(p.name for p in root.iterdir() if p.name.startswith("models--")) == ["models--org--model"]
+
+
+def test_the_exact_case_folder_wins_and_needs_no_view(hub: HubStub, tmp_path: Path) -> None:
+    snapshot = download(hub, tmp_path, "org/model")
+    found = model_cache.lookup(LaunchProfile.parse(env_for(tmp_path)))
+    assert found is not None and found.renamed == () and found.snapshot == snapshot
+    assert model_cache.offline_env(env_for(tmp_path), found)["HF_HUB_CACHE"] == str(tmp_path)
+
+
+def test_a_lower_cased_tokenizer_folder_is_shown_under_its_name_too(hub: HubStub, tmp_path: Path) -> None:
+    root = tmp_path / "cache"
+    download(hub, root, "org/model")
+    download(hub, root, "org/tokenizer")
+    found = model_cache.lookup(LaunchProfile.parse(env_for(root, MODEL_NAME="Org/Model", TOKENIZER_NAME="Org/Tokenizer")))
+    assert found is not None
+    assert [exact for exact, _ in found.renamed] == ["models--Org--Model", "models--Org--Tokenizer"]
+    view = Path(model_cache.offline_env(env_for(root), found, view_parent=tmp_path)["HF_HUB_CACHE"])
+    assert Path(snapshot_download("Org/Tokenizer", cache_dir=view, local_files_only=True)).joinpath("tokenizer.json").is_file()

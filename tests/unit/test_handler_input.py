@@ -107,6 +107,37 @@ def test_openai_route_gets_the_allowlist_too() -> None:
     assert "'/metrics' is not open to jobs" in sentence
 
 
+# --- openai_input without openai_route: a chat completion, as Runpod's official worker reads it
+
+
+@pytest.mark.parametrize("route", ["absent", None])
+def test_openai_input_without_a_route_is_a_chat_completion(route: object) -> None:
+    messages = [{"role": "user", "content": "hi"}]
+    job: dict[str, object] = {"openai_input": {"messages": messages, "stream": True}}
+    if route != "absent":
+        job["openai_route"] = route
+    request = normalize_input(job, SERVED)
+    assert request == EngineRequest("POST", "/v1/chat/completions", {"messages": messages, "stream": True, "model": SERVED}, True)
+
+
+def test_openai_input_with_a_prompt_and_no_route_names_the_route_to_add() -> None:
+    sentence = _refusal({"openai_input": {"prompt": "Once", "max_tokens": 5}})
+    assert "has 'prompt' but no 'openai_route'" in sentence
+    assert "add 'openai_route': '/v1/completions'" in sentence
+
+
+@pytest.mark.parametrize("empty", [None, {}])
+def test_an_empty_openai_input_without_a_route_is_refused(empty: object) -> None:
+    assert "'openai_input' is empty and names no 'openai_route'" in _refusal({"openai_input": empty})
+
+
+def test_keys_beside_an_unrouted_openai_input_are_refused() -> None:
+    sentence = _refusal({"openai_input": {"messages": [{"role": "user", "content": "hi"}]}, "max_tokens": 5})
+    assert sentence == (
+        "The job input key 'max_tokens' is not used beside 'openai_input'; put request parameters inside 'openai_input'."
+    )
+
+
 # --- route + body (+ method)
 
 

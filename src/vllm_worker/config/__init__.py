@@ -4,9 +4,10 @@
 - `profile`: `LaunchProfile`, the launch configuration typed, and the overrides a relaunch applies;
 - `args_builder`: vLLM's option table (`vllm_flags.json`) and the `vllm serve` argv built from a profile;
 - `flag_messages`: the sentences for a flag value vLLM would refuse or a name that only looks like a flag;
+- `official_worker`: what each variable of Runpod's official vLLM worker does here (taken, folded or answered);
 - `versions`: the vLLM release the worker is built and tested against.
 
 This folder imports nothing else of the package: every other folder takes its typed values.
 """
 
-__all__ = ["args_builder", "flag_messages", "profile", "settings", "versions"]
+__all__ = ["args_builder", "flag_messages", "official_worker", "profile", "settings", "versions"]

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any, Iterable, Literal, Mapping, Sequence
 
-from vllm_worker.config import flag_messages
+from vllm_worker.config import flag_messages, official_worker
 from vllm_worker.config.env import BOOL_ACCEPTED, EXTRA_ARGS, bool_word
 from vllm_worker.config.env import value as value_of
 from vllm_worker.config.settings import DOCUMENTED, Settings, multiple_of_8_at_least
@@ -99,7 +99,8 @@ NOT_FROM_ENV: dict[str, str | None] = {
     "ENABLE_SSL_REFRESH": _PLAIN_HTTP,
 }
 
-_SPEC = "set it inside SPECULATIVE_CONFIG (or use SPEC_METHOD, SPEC_MODEL and SPEC_TOKENS)"
+_SPEC = "the number of tokens proposed per step is num_speculative_tokens inside SPECULATIVE_CONFIG"
+_SPEC_NONE = "vLLM 0.32's speculative decoding has no such setting; SPECULATIVE_CONFIG holds the ones it has"
 _STRUCTURED = "set it inside STRUCTURED_OUTPUTS_CONFIG, e.g. '{\"backend\": \"xgrammar\"}'"
 _EPLB = "set it inside EPLB_CONFIG"
 _NONE = "vLLM 0.32 has no replacement"
@@ -143,18 +144,14 @@ REMOVED_NOTES: dict[str, str] = {
     "LORA_EXTRA_VOCAB_SIZE": _NONE,
     "LONG_LORA_SCALING_FACTORS": _NONE,
     "QLORA_ADAPTER_NAME_OR_PATH": "use ENABLE_LORA=true and LORA_MODULES",
+    # Speculative-decoding knobs with no field in vLLM 0.32's SpeculativeConfig (the ones that have
+    # one, SPECULATIVE_MODEL and the like, are folded into it: official_worker).
     "NUM_LOOKAHEAD_SLOTS": _SPEC,
-    "SPECULATIVE_MODEL": _SPEC,
-    "NUM_SPECULATIVE_TOKENS": _SPEC,
-    "SPECULATIVE_DRAFT_TENSOR_PARALLEL_SIZE": _SPEC,
-    "SPECULATIVE_MAX_MODEL_LEN": _SPEC,
-    "SPECULATIVE_DISABLE_BY_BATCH_SIZE": _SPEC,
-    "NGRAM_PROMPT_LOOKUP_MAX": _SPEC,
-    "NGRAM_PROMPT_LOOKUP_MIN": _SPEC,
-    "SPEC_DECODING_ACCEPTANCE_METHOD": _SPEC,
-    "TYPICAL_ACCEPTANCE_SAMPLER_POSTERIOR_THRESHOLD": _SPEC,
-    "TYPICAL_ACCEPTANCE_SAMPLER_POSTERIOR_ALPHA": _SPEC,
-    "DISABLE_LOGPROBS_DURING_SPEC_DECODING": _SPEC,
+    "SPECULATIVE_DISABLE_BY_BATCH_SIZE": _SPEC_NONE,
+    "SPEC_DECODING_ACCEPTANCE_METHOD": _SPEC_NONE,
+    "TYPICAL_ACCEPTANCE_SAMPLER_POSTERIOR_THRESHOLD": _SPEC_NONE,
+    "TYPICAL_ACCEPTANCE_SAMPLER_POSTERIOR_ALPHA": _SPEC_NONE,
+    "DISABLE_LOGPROBS_DURING_SPEC_DECODING": _SPEC_NONE,
     "NUM_REDUNDANT_EXPERTS": _EPLB,
     "EPLB_WINDOW_SIZE": _EPLB,
     "EPLB_STEP_INTERVAL": _EPLB,
@@ -167,6 +164,7 @@ REMOVED_NOTES: dict[str, str] = {
 ALIASES: dict[str, str] = {
     "MODEL_REVISION": "REVISION",
     "TOKENIZER_NAME": "TOKENIZER",
+    **official_worker.ALIASES,
     **{
         alias[2:].replace("-", "_").upper(): name
         for name, option in OPTIONS.items()
@@ -362,7 +360,28 @@ def _resolve(env: Mapping[str, str], warnings: list[str]) -> tuple[dict[str, str
         else:
             warnings.append(f"{legacy} is deprecated; use {name} instead (its value is used this time).")
             values[name], sources[name] = value, legacy
+    _fold_official_speculative(env, values, sources)
     return values, sources
+
+
+def _fold_official_speculative(env: Mapping[str, str], values: dict[str, str], sources: dict[str, str]) -> None:
+    """The official worker's single speculative-decoding variables, folded into SPECULATIVE_CONFIG."""
+    try:
+        fields = official_worker.speculative_fields(env)
+        if not fields:
+            return
+        for key, (variable, value) in fields.items():
+            twin = official_worker.SPECULATIVE_TWINS.get(key)
+            if twin is None:
+                continue
+            if twin in values:
+                raise ArgsError(variable, str(value), f"{twin} sets the same speculative-config field ({key}); set only one of them")
+            _checked(variable, OPTIONS[twin], [str(value)], str(value), env)  # vLLM's choices and types for the field
+        twins_set = frozenset(key for key, twin in official_worker.SPECULATIVE_TWINS.items() if twin in values)
+        values["SPECULATIVE_CONFIG"] = official_worker.fold_speculative(values.get("SPECULATIVE_CONFIG"), fields, twins_set)
+    except official_worker.FoldError as error:
+        raise ArgsError(error.variable, _mask_text(error.value, _secret_values(env)), error.accepted) from None
+    sources.setdefault("SPECULATIVE_CONFIG", ", ".join(sorted({variable for variable, _ in fields.values()})))
 
 
 def _extra_args(env: Mapping[str, str]) -> list[str]:
@@ -457,7 +476,7 @@ def lookalike_warnings(env: Mapping[str, str]) -> list[str]:
 
     Ordinary environment variables (PATH, CUDA_*, RUNPOD_*, HF_*, VLLM_*, ...) are left alone.
     """
-    known = {*OPTIONS, *REMOVED_NOTES, *ALIASES, *LEGACY_ALIASES, *DOCUMENTED, *WORKER_VARIABLES}
+    known = {*OPTIONS, *REMOVED_NOTES, *ALIASES, *LEGACY_ALIASES, *DOCUMENTED, *WORKER_VARIABLES, *official_worker.OFFICIAL}
     flags = [name for name, kind in FLAGS.items() if kind != "removed"]
     candidates = [*flags, *ALIASES, *DOCUMENTED, *sorted(WORKER_VARIABLES)]
     warnings = []
@@ -532,7 +551,8 @@ def build_args(env: Mapping[str, str], settings: Settings) -> BuiltArgs:
             continue
         value = values[name]
         if kind == "removed":
-            warnings.append(f"{name}={value!r} is ignored: vLLM 0.32 has no {flag_for(name)} ({REMOVED_NOTES[name]}).")
+            if not official_worker.at_form_default(name, value):  # the official Hub form writes its defaults
+                warnings.append(f"{name}={value!r} is ignored: vLLM 0.32 has no {flag_for(name)} ({REMOVED_NOTES[name]}).")
             continue
         flag = OPTIONS[name]["flag"]
         source = sources.get(name, name)
@@ -543,6 +563,7 @@ def build_args(env: Mapping[str, str], settings: Settings) -> BuiltArgs:
         if note:
             warnings.append(f"{source}: {note}")
     argv += extra
+    warnings += official_worker.notices(env)
     warnings += lookalike_warnings(env)
 
     served = values.get("SERVED_MODEL_NAME")

@@ -9,7 +9,14 @@ offline (HF_HUB_OFFLINE=1 with HF_HUB_CACHE pointed at the cache that holds it),
 Hub round trip for it. An incomplete snapshot (a download cut short) is not trusted: the
 worker then downloads as usual.
 
-Pure except for reading the filesystem; it imports nothing of the worker's.
+Runpod's model cache may store a repo's folder lower-cased (`models--org--name` for `Org/Name`,
+runpod-workers/worker-vllm#310), which an exact-case lookup misses, and huggingface_hub, asked
+for `Org/Name` offline, would miss too. The folder is found whatever its case, and the engine is
+given a view of the cache (`case_view`: a folder of symlinks) where it has its exact name, so
+the model is still asked for, and served, as MODEL_NAME.
+
+Pure except for the filesystem: it reads the caches, and `offline_env` writes that view under
+the system's temporary folder, never into the cache itself. It imports nothing of the worker's.
 """
 
 from __future__ import annotations
@@ -17,7 +24,8 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import dataclass
+import tempfile
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Mapping
 
@@ -41,15 +49,22 @@ class CachedModel:
     snapshot: Path
     root: Path
     source: str  # "Runpod model cache" or "HF_HUB_CACHE"
+    # Repo folders stored under another case than huggingface_hub looks for: (exact name, the folder).
+    renamed: tuple[tuple[str, Path], ...] = ()
 
     def status(self) -> dict[str, str]:
         return {"source": self.source, "repo": self.repo, "commit": self.commit, "path": str(self.snapshot)}
 
     def log_line(self) -> str:
         at = f" at {self.revision!r}" if self.revision else ""
+        case = "".join(
+            f"; its folder {folder.name} differs from {exact} only in case, so the engine reads the cache "
+            f"through a view that has the exact name"
+            for exact, folder in self.renamed
+        )
         return (
             f"serving {self.repo}{at} (commit {self.commit[:12]}) from the {self.source} at {self.snapshot}: "
-            f"no download, the Hub is not asked for it (HF_HUB_OFFLINE=1)"
+            f"no download, the Hub is not asked for it (HF_HUB_OFFLINE=1){case}"
         )
 
 
@@ -66,8 +81,25 @@ def cache_roots(env: Mapping[str, str]) -> list[tuple[str, Path]]:
     return roots
 
 
+def _folder_name(repo: str) -> str:
+    return "models--" + repo.replace("/", "--")
+
+
 def _repo_folder(root: Path, repo: str) -> Path:
-    return root / ("models--" + repo.replace("/", "--"))
+    """The repo's folder under `root`: its exact name, else a folder whose name differs only in case."""
+    exact = root / _folder_name(repo)
+    if exact.is_dir():
+        return exact
+    wanted = exact.name.lower()
+    try:
+        same = sorted(entry for entry in root.iterdir() if entry.name.lower() == wanted and entry.is_dir())
+    except OSError:
+        return exact
+    return same[0] if same else exact
+
+
+def _renamed(repo: str, folder: Path) -> tuple[tuple[str, Path], ...]:
+    return () if folder.name == _folder_name(repo) else ((_folder_name(repo), folder),)
 
 
 def _commit_of(folder: Path, revision: str | None) -> str | None:
@@ -110,7 +142,7 @@ def find(repo: str, revision: str | None, roots: list[tuple[str, Path]]) -> Cach
             continue
         snapshot = folder / "snapshots" / commit
         if snapshot_complete(snapshot):
-            return CachedModel(repo, revision, commit, snapshot, root, source)
+            return CachedModel(repo, revision, commit, snapshot, root, source, _renamed(repo, folder))
     return None
 
 
@@ -137,12 +169,28 @@ def lookup(profile: LaunchProfile) -> CachedModel | None:
         commit = _commit_of(folder, profile.tokenizer_revision)
         if commit is None or not (folder / "snapshots" / commit).is_dir():
             return None
+        found = replace(found, renamed=found.renamed + _renamed(tokenizer, folder))
     return found
 
 
-def offline_env(env: Mapping[str, str], cached: CachedModel) -> dict[str, str]:
-    """The configuration that serves `cached` without the Hub: offline, with the cache that holds it."""
+def case_view(cached: CachedModel, parent: Path | None = None) -> Path:
+    """A hub cache that shows `cached.root` with its renamed repo folders under their exact names.
+
+    A new folder (under `parent`, default the system's temporary folder) of symlinks to every entry
+    of the cache, plus one per renamed folder: the cache itself may be a read-only volume.
+    """
+    view = Path(tempfile.mkdtemp(prefix="vllm-worker-hub-cache-", dir=parent))
+    for entry in cached.root.iterdir():
+        (view / entry.name).symlink_to(entry)
+    for exact, folder in cached.renamed:
+        (view / exact).symlink_to(folder)
+    return view
+
+
+def offline_env(env: Mapping[str, str], cached: CachedModel, view_parent: Path | None = None) -> dict[str, str]:
+    """The configuration that serves `cached` without the Hub: offline, with the cache that holds it
+    (through `case_view` when a repo folder's case differs)."""
     served = dict(env)
     served["HF_HUB_OFFLINE"] = "1"
-    served["HF_HUB_CACHE"] = str(cached.root)
+    served["HF_HUB_CACHE"] = str(case_view(cached, view_parent) if cached.renamed else cached.root)
     return served

@@ -233,7 +233,7 @@ def _refuse_extra_keys(job_input: dict[str, Any], used: tuple[str, ...], where: 
         if key not in used and key != "worker_status":
             raise InputError(
                 f"The job input key {key!r} is not used beside {where!r}; put request parameters "
-                f"inside {'openai_input' if where == 'openai_route' else 'body'!r}."
+                f"inside {'openai_input' if where.startswith('openai') else 'body'!r}."
             )
 
 
@@ -370,10 +370,13 @@ def normalize_input(job_input: Any, served_model_name: str, default_max_tokens: 
     if not isinstance(job_input, dict):
         raise InputError(f"The job input must be a JSON object; {_SHAPES}.")
 
-    if "openai_route" in job_input:
-        _refuse_extra_keys(job_input, ("openai_route", "openai_input"), "openai_route")
-        path = _normalize_route(job_input["openai_route"], "openai_route")
+    if "openai_route" in job_input or "openai_input" in job_input:
+        where = "openai_route" if "openai_route" in job_input else "openai_input"
+        _refuse_extra_keys(job_input, ("openai_route", "openai_input"), where)
         body = _body_dict(job_input.get("openai_input"), "openai_input")
+        if job_input.get("openai_route") is None:
+            return _unrouted_openai_input(body, served_model_name)
+        path = _normalize_route(job_input["openai_route"], "openai_route")
         return _route_request(path, body, None, served_model_name)
 
     if "route" in job_input:
@@ -388,6 +391,18 @@ def normalize_input(job_input: Any, served_model_name: str, default_max_tokens: 
         return _route_request(path, body, method, served_model_name)
 
     return _shorthand(job_input, served_model_name, default_max_tokens)
+
+
+def _unrouted_openai_input(body: dict[str, Any] | None, served_model_name: str) -> EngineRequest:
+    """`openai_input` without `openai_route`: a chat completion, as Runpod's official worker reads it."""
+    if body is None:
+        raise InputError(f"The job's 'openai_input' is empty and names no 'openai_route'; {_SHAPES}.")
+    if "messages" not in body and "prompt" in body:
+        raise InputError(
+            "The job's 'openai_input' has 'prompt' but no 'openai_route', and openai_input without a route is "
+            "a chat completion (as in Runpod's official worker); add 'openai_route': '/v1/completions'."
+        )
+    return _route_request(_CHAT, body, None, served_model_name)
 
 
 def _shorthand(job_input: dict[str, Any], served_model_name: str, default_max_tokens: int | None) -> EngineRequest:
