@@ -45,7 +45,7 @@ from importlib import resources
 from typing import Any, Iterable, Literal, Mapping, Sequence
 
 from vllm_worker.config import flag_messages, official_worker
-from vllm_worker.config.env import BOOL_ACCEPTED, EXTRA_ARGS, bool_word
+from vllm_worker.config.env import BOOL_ACCEPTED, EXTRA_ARGS, RefusedValue, bool_word
 from vllm_worker.config.env import value as value_of
 from vllm_worker.config.settings import DOCUMENTED, Settings, multiple_of_8_at_least
 
@@ -251,14 +251,8 @@ BAKED_MODEL_PATH = "BAKED_MODEL_PATH"
 MASK = "***"
 
 
-class ArgsError(ValueError):
+class ArgsError(RefusedValue):
     """A variable that becomes a `vllm serve` argument holds a value the worker cannot use."""
-
-    def __init__(self, variable: str, value: str, accepted: str, message: str | None = None) -> None:
-        self.variable = variable
-        self.value = value
-        self.accepted = accepted
-        super().__init__(message or f"{variable}={value!r} is not valid: {accepted}.")
 
 
 @dataclass

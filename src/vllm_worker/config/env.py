@@ -12,6 +12,17 @@ import re
 import shlex
 from typing import Mapping
 
+class RefusedValue(ValueError):
+    """A variable holds a value the worker cannot use; str() is the one sentence naming the variable,
+    the value and what is accepted, which every job is answered with."""
+
+    def __init__(self, variable: str, value: str, accepted: str, message: str | None = None) -> None:
+        self.variable = variable
+        self.value = value
+        self.accepted = accepted
+        super().__init__(message or f"{variable}={value!r} is not valid: {accepted}.")
+
+
 TRUE_WORDS = frozenset({"true", "1", "yes", "on"})
 FALSE_WORDS = frozenset({"false", "0", "no", "off"})
 BOOL_ACCEPTED = "use true or false (also 1/0, yes/no, on/off)"

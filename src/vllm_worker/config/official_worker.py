@@ -30,7 +30,7 @@ import json
 from dataclasses import dataclass
 from typing import Literal, Mapping
 
-from vllm_worker.config.env import bool_word
+from vllm_worker.config.env import RefusedValue, bool_word
 from vllm_worker.config.env import value as value_of
 
 How = Literal["option", "alias", "folded", "worker", "volume", "engine_env", "removed", "answered"]
@@ -146,14 +146,8 @@ SPECULATIVE_TWINS: dict[str, str] = {"method": "SPEC_METHOD", "model": "SPEC_MOD
 _TEXT_FIELDS = frozenset({"method", "model"})
 
 
-class FoldError(ValueError):
+class FoldError(RefusedValue):
     """A folded variable the worker cannot put into the speculative config; str() is the sentence."""
-
-    def __init__(self, variable: str, value: str, accepted: str) -> None:
-        self.variable = variable
-        self.value = value
-        self.accepted = accepted
-        super().__init__(f"{variable}={value!r} is not valid: {accepted}.")
 
 
 def speculative_fields(env: Mapping[str, str]) -> dict[str, tuple[str, str | int]]:

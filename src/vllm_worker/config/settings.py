@@ -16,19 +16,13 @@ import shlex
 from dataclasses import dataclass
 from typing import Callable, Mapping, TypeVar
 
-from vllm_worker.config.env import bool_word, value
+from vllm_worker.config.env import RefusedValue, bool_word, value
 
 T = TypeVar("T")
 
 
-class SettingsError(ValueError):
+class SettingsError(RefusedValue):
     """A worker variable holds a value the worker cannot use."""
-
-    def __init__(self, variable: str, value: str, accepted: str) -> None:
-        self.variable = variable
-        self.value = value
-        self.accepted = accepted
-        super().__init__(f"{variable}={value!r} is not valid: {accepted}.")
 
 
 @dataclass(frozen=True)

@@ -60,46 +60,50 @@ def looks_like_path(reference: str) -> bool:
     return reference in (".", "..", "~") or reference.startswith(("/", "./", "../", "~/")) or reference.count("/") > 1
 
 
+# Sentences whose only parts are the names and values they quote: one template each.
+_MODEL_PATH_MISSING = (
+    "{variable}={path!r} does not exist in this container, so vLLM cannot load the model from it: if the model "
+    "is on a network volume, attach the volume to the endpoint and point {variable} at the model's directory "
+    "under its mount point (/runpod-volume on Runpod Serverless); otherwise correct the path, or set {variable} "
+    "to a Hugging Face repository id such as 'Qwen/Qwen3-0.6B'."
+)
+_INVALID_MODEL_NAME = (
+    "{variable}={value!r} is neither a directory in this container nor a valid Hugging Face repository id "
+    "(owner/name, with letters, digits, '-', '_' and '.'): correct it."
+)
+_OFFLINE_NOT_CACHED = (
+    "{variable}={repo!r}{at} is not in this container's Hugging Face cache, and {offline}={offline_value} forbids "
+    "downloading it: unset {offline} so the worker can download it from the Hub (and check the name: the "
+    "worker's Hub check is also skipped while offline), or bake the model into the image or mount a volume whose "
+    "Hugging Face cache (HF_HOME) already holds it."
+)
+_HUB_UNREACHABLE = (
+    "vLLM could not reach the Hugging Face Hub to download {variable}={repo!r}, and the model is not in this "
+    "container's Hugging Face cache: this is a network problem of the host or the Hub, not of the settings. If it "
+    "persists, terminate this worker so the platform starts a fresh one, or bake the model into the image or a "
+    "network volume so no download is needed."
+)
+
+
 def model_path_missing_message(path: str, variable: str = "MODEL_NAME") -> str:
     """A local model path that is not there (vLLM then takes it for a Hub repository id and rejects it)."""
-    return (
-        f"{variable}={path!r} does not exist in this container, so vLLM cannot load the model from it: "
-        f"if the model is on a network volume, attach the volume to the endpoint and point {variable} at "
-        f"the model's directory under its mount point (/runpod-volume on Runpod Serverless); otherwise "
-        f"correct the path, or set {variable} to a Hugging Face repository id such as 'Qwen/Qwen3-0.6B'."
-    )
+    return _MODEL_PATH_MISSING.format(path=path, variable=variable)
 
 
 def invalid_model_name_message(value: str, variable: str = "MODEL_NAME") -> str:
     """Neither a directory in the container nor a well-formed Hub repository id."""
-    return (
-        f"{variable}={value!r} is neither a directory in this container nor a valid Hugging Face repository "
-        f"id (owner/name, with letters, digits, '-', '_' and '.'): correct it."
-    )
+    return _INVALID_MODEL_NAME.format(value=value, variable=variable)
 
 
 def offline_not_cached_message(
-    repo: str,
-    variable: str = "MODEL_NAME",
-    offline: str = "HF_HUB_OFFLINE",
-    offline_value: str = "1",
+    repo: str, variable: str = "MODEL_NAME", offline: str = "HF_HUB_OFFLINE", offline_value: str = "1",
     revision: str | None = None,
 ) -> str:
     """The Hub is switched off and the repository (at that revision) is not in the local cache."""
     at = f" at revision {revision!r}" if revision else ""
-    return (
-        f"{variable}={repo!r}{at} is not in this container's Hugging Face cache, and {offline}={offline_value} "
-        f"forbids downloading it: unset {offline} so the worker can download it from the Hub (and check the "
-        f"name: the worker's Hub check is also skipped while offline), or bake the model into the image or "
-        f"mount a volume whose Hugging Face cache (HF_HOME) already holds it."
-    )
+    return _OFFLINE_NOT_CACHED.format(variable=variable, repo=repo, at=at, offline=offline, offline_value=offline_value)
 
 
 def hub_unreachable_message(repo: str, variable: str = "MODEL_NAME") -> str:
     """The Hub could not be reached and the model is not in the local cache (a network fault, often passing)."""
-    return (
-        f"vLLM could not reach the Hugging Face Hub to download {variable}={repo!r}, and the model is not in "
-        f"this container's Hugging Face cache: this is a network problem of the host or the Hub, not of the "
-        f"settings. If it persists, terminate this worker so the platform starts a fresh one, or bake the model "
-        f"into the image or a network volume so no download is needed."
-    )
+    return _HUB_UNREACHABLE.format(variable=variable, repo=repo)
