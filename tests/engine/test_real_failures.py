@@ -174,7 +174,7 @@ def answered_alike_and_alive(failing: FailingWorker) -> str:
     return sentence
 
 
-def ladder(env: Mapping[str, str], diagnosis: startup_errors.Diagnosis) -> list[dict[str, str | None]]:
+def planned_overrides(env: Mapping[str, str], diagnosis: startup_errors.Diagnosis) -> list[dict[str, str | None]]:
     """The overrides of every launch ladder.next_launch plans when each launch fails the same way."""
     launches: list[dict[str, str | None]] = [{}]
     attempts: list[ladder.Attempt] = []
@@ -219,7 +219,7 @@ def test_kv_cache_too_small_is_launched_as_often_as_the_ladder_says(failing_work
     assert failing.vllm_starts() == len(launches)
     # The worker followed its own ladder for a real "KV cache too small" failure.
     shortfall = startup_errors.Diagnosis(kind="memory_shortfall", message="", evidence="", detail="kv_too_small")
-    assert [launch["overrides"] for launch in launches] == ladder(failing.env, shortfall)
+    assert [launch["overrides"] for launch in launches] == planned_overrides(failing.env, shortfall)
 
 
 def test_kv_cache_too_small_with_an_explicit_kv_size_is_not_relaunched(failing_workers) -> None:

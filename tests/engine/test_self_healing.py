@@ -236,6 +236,7 @@ HOLDER = textwrap.dedent(
     """
     import math, sys, time
     sys.path.insert(0, sys.argv[1])
+    from vllm_worker.config.profile import LaunchProfile
     from vllm_worker.engine import gpu_memory
 
     utilization, margin, cap, lifetime = float(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
