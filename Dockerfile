@@ -52,7 +52,8 @@ ENV BAKED_MODEL_PATH=${MODEL_NAME:+/opt/models/model} \
 # caching puts models and where Runpod's official vLLM worker downloads them, so a volume
 # shared with it, or a cached model, is served without a download (src/vllm_worker/model/cache.py).
 ARG BASE_PATH=/runpod-volume
-ENV HF_HOME=${BASE_PATH}/huggingface-cache \
+ENV BASE_PATH=${BASE_PATH} \
+    HF_HOME=${BASE_PATH}/huggingface-cache \
     HF_HUB_CACHE=${BASE_PATH}/huggingface-cache/hub
 
 # The vllm-openai image's own ENTRYPOINT is `vllm serve`; the worker starts that itself.

@@ -23,6 +23,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence, cast
 
@@ -39,7 +40,9 @@ from vllm_worker.model import cache as model_cache
 from vllm_worker.serving import platform as runpod_glue
 from vllm_worker.config import settings as settings_mod
 from vllm_worker.config.profile import LaunchProfile
-from vllm_worker.engine.launcher import MemoryWait, StartupOutcome, Supervisor, start_engine
+from vllm_worker.engine import compile_cache
+from vllm_worker.engine.download_progress import DownloadPlan, expected_bytes, repo_folder
+from vllm_worker.engine.launcher import Launcher, MemoryWait, StartupOutcome, Supervisor, start_engine
 from vllm_worker.engine.monitor import EngineMonitor
 
 log = logging.getLogger("vllm_worker")
@@ -79,6 +82,7 @@ def run(env: Mapping[str, str] | None = None) -> int:
     sdk_import.start()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s vllm_worker: %(message)s", stream=sys.stdout)
 
+    began = time.monotonic()
     try:
         settings = settings_mod.load(env)
     except settings_mod.SettingsError as exc:
@@ -108,7 +112,7 @@ def run(env: Mapping[str, str] | None = None) -> int:
 
     try:
         try:
-            outcome = _startup(env, settings, supervisor)
+            outcome = _startup(env, settings, supervisor, {"settings": round(time.monotonic() - began, 2)})
         except Exception as error:  # noqa: BLE001 - whatever broke, the jobs must say so rather than crash-loop
             log.exception("the worker failed while starting the engine")
             supervisor.stop()
@@ -137,6 +141,7 @@ def run(env: Mapping[str, str] | None = None) -> int:
                 "fatal": outcome.fatal,
                 "model_cache": outcome.model_cache,
                 "warnings": outcome.warnings,
+                **_start_fields(outcome),
             },
         )
         if outcome.fatal:
@@ -192,17 +197,39 @@ def _cpu_brand() -> dict[str, str]:
     return {"brand_raw": "unknown"}
 
 
-def _startup(env: dict[str, str], settings: settings_mod.Settings, supervisor: Supervisor) -> StartupOutcome:
+def _start_fields(outcome: StartupOutcome) -> dict[str, Any]:
+    """The status job's view of where the start's time went: the worker's steps, the compile caches
+    (where, expected, found by the ready launch), the download's last reading."""
+    launcher = outcome.launcher
+    if launcher is None:
+        return {}
+    ready = next((r for r in reversed(outcome.launches) if r.get("outcome") == "ready"), {})
+    return {
+        "worker_phases": dict(launcher.worker_phases),
+        "compile_caches": {**launcher.caches.status(), "found": ready.get("compile_caches")},
+        "download": launcher.download_status,
+    }
+
+
+def _startup(
+    env: dict[str, str], settings: settings_mod.Settings, supervisor: Supervisor, phases: dict[str, float]
+) -> StartupOutcome:
     """Settings are read; now the launch configuration: its flags, where the model is, whether it fits."""
     from vllm_worker.model import preflight
 
     # Every flag value the table can judge is answered now, before any Hub call or launch.
     try:
-        args_builder.build_args(env, settings)
+        built = args_builder.build_args(env, settings)
     except args_builder.ArgsError as exc:
         return StartupOutcome(fatal=str(exc))
     profile = LaunchProfile.parse(env)
     cached = model_cache.lookup(profile)
+    caches = compile_cache.prepare(settings.base_path, env, built.argv, str(cached.snapshot) if cached else None)
+    if caches.warning:
+        log.warning("%s", caches.warning)
+    elif caches.root is not None:
+        log.info("compile caches on the volume at %s (%s for this configuration)", caches.root, caches.expected)
+    step = time.monotonic()
     facts: capacity.ModelFacts | None = None
     if cached is not None:
         log.info("%s", cached.log_line())
@@ -216,6 +243,8 @@ def _startup(env: dict[str, str], settings: settings_mod.Settings, supervisor: S
     if not result.ok:
         log.error("pre-flight: %s", result.message)
         return StartupOutcome(fatal=result.message, model_cache=cached.status() if cached else None)
+    phases["preflight"] = round(time.monotonic() - step, 2)
+    step = time.monotonic()
 
     devices = gpu_memory.probe(profile, cast(gpu_memory.Platform, settings.engine_device))
     on_cpu = bool(devices) and devices[0].kind == "cpu"
@@ -228,6 +257,7 @@ def _startup(env: dict[str, str], settings: settings_mod.Settings, supervisor: S
         platform="cpu" if on_cpu else "cuda",
         safetensors_parameters=result.model_info_summary.safetensors_parameters if result.model_info_summary else None,
         facts=facts,
+        compile_cache="warm" if caches.expected == "warm" else "unknown",
     )
     log.info("%s", plan.log_line)
     for warning in plan.warnings:
@@ -235,10 +265,30 @@ def _startup(env: dict[str, str], settings: settings_mod.Settings, supervisor: S
     if plan.fatal_message:
         return StartupOutcome(fatal=plan.fatal_message, model_cache=cached.status() if cached else None)
 
+    phases["plan"] = round(time.monotonic() - step, 2)
+
     waiter = memory_waiter(settings)
     if waiter is None:
         log.info("GPU_MEMORY_WAIT=false: every launch starts without waiting for memory")
-    outcome = start_engine(profile, settings, supervisor, waiter, plan, total)
+    summary = result.model_info_summary
+    download = None
+    if result.skipped_reason is None and summary is not None:
+        hub_cache = model_cache.cache_roots(profile.env)[-1][1]
+        download = DownloadPlan(
+            summary.repo,
+            repo_folder(hub_cache, summary.repo),
+            expected_bytes(summary.safetensors_parameters),
+        )
+    launcher = Launcher(
+        settings,
+        supervisor,
+        waiter,
+        plan.predicted.weights_bytes if plan.predicted else None,
+        caches=caches,
+        download=download,
+        worker_phases=phases,
+    )
+    outcome = start_engine(profile, settings, supervisor, waiter, plan, total, launcher=launcher)
     outcome.model_cache = cached.status() if cached else None
     return outcome
 

@@ -34,6 +34,7 @@ from vllm_worker.config.args_builder import (
     parse_bool,
 )
 from vllm_worker.config.settings import DOCUMENTED, Settings, SettingsError, load
+from vllm_worker.config.engine_env import cache_variables
 
 SETTINGS = Settings()
 TOKEN = "hf_AbCdEfGhIjKlMnOpQrStUvWxYz0123456789"
@@ -446,7 +447,7 @@ def test_error_sentence_matches_settings_error():
     assert args_builder.BOOL_ACCEPTED.startswith("use true or false")
 
 
-def test_the_platforms_credentials_and_queue_urls_stay_out_of_the_engine_env():
+def test_the_platforms_variables_stay_out_of_the_engine_env():
     env = {
         "MODEL_NAME": "org/model",
         "HF_TOKEN": TOKEN,
@@ -456,7 +457,37 @@ def test_the_platforms_credentials_and_queue_urls_stay_out_of_the_engine_env():
         "RUNPOD_POD_ID": "pod-1",
     }
     built = build_args(env, SETTINGS)
-    assert built.engine_env == {"MODEL_NAME": "org/model", "HF_TOKEN": TOKEN, "RUNPOD_POD_ID": "pod-1"}
+    assert built.engine_env == {"MODEL_NAME": "org/model", "HF_TOKEN": TOKEN}
+
+
+def test_the_workers_own_variables_stay_out_of_the_engine_env_and_the_caches_go_in():
+    env = {
+        "MODEL_NAME": "org/model",
+        "HF_TOKEN": TOKEN,
+        "VLLM_COMMAND": "vllm serve",
+        "VLLM_PORT": "8123",
+        "VLLM_STARTUP_TIMEOUT": "60",
+        "MAX_CONCURRENCY": "4",
+        "BASE_PATH": "/vol",
+        "VLLM_EXTRA_ARGS": "--seed 1",
+        "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+        "TRITON_CACHE_DIR": "/mine/triton",
+    }
+    caches = cache_variables("/vol/engine-cache", env)
+    assert caches == {
+        "VLLM_CACHE_ROOT": "/vol/engine-cache/vllm",
+        "TORCHINDUCTOR_CACHE_DIR": "/vol/engine-cache/torchinductor",
+    }
+    built = build_args(env, SETTINGS, caches)
+    assert built.engine_env == {
+        "MODEL_NAME": "org/model",
+        "HF_TOKEN": TOKEN,
+        "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+        "TRITON_CACHE_DIR": "/mine/triton",
+        **caches,
+    }
+    assert "--seed" in built.argv
+    assert TOKEN not in built.masked()
 
 
 # --- the table is vLLM's parser, as data -----------------------------------------------

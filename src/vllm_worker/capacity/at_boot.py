@@ -56,6 +56,7 @@ def fit_profile(
     *,
     device_name: str | None = None,
     fit_context: bool = True,
+    compile_cache: str = "unknown",
 ) -> FitDecision:
     """Choose the first launch (item 3 of the capacity issue).
 
@@ -67,7 +68,9 @@ def fit_profile(
     lowered, and every explicit setting a profile changes is named in a warning.
     """
     def plan_for(launch_env: Mapping[str, str]) -> Plan:
-        knobs = knobs_from_env(launch_env, max_concurrency=max_concurrency, device_name=device_name)
+        knobs = knobs_from_env(
+            launch_env, max_concurrency=max_concurrency, device_name=device_name, compile_cache=compile_cache
+        )
         return plan(facts, device_total_bytes, knobs, max_concurrency=max_concurrency)
 
     env = profile.env
@@ -301,6 +304,7 @@ def startup_plan(
     config: Mapping[str, Any] | None = None,
     facts: ModelFacts | None = None,
     timeout: float = 10.0,
+    compile_cache: str = "unknown",
 ) -> StartupPlan:
     """The capacity plan for the configured settings, before the first launch. Never raises.
 
@@ -310,13 +314,15 @@ def startup_plan(
     (run it with expand=["safetensors"]), so the Hub is not asked twice. Anything that
     cannot be read (no network, a missing path, an unsupported architecture) gives
     status "unknown" and a log line that says why: the boot goes on as configured.
+    `compile_cache`: "warm" when the start will find torch.compile's cache warm (the worker's mark on
+    the volume, engine.compile_cache): the cold-compile term is then left out of the plan.
     """
     try:
         if facts is None:
             facts = _startup_facts(profile, safetensors_parameters, config, timeout)
         if device_total_bytes is None or platform == "cpu":
             knobs = knobs_for(profile, max_concurrency=max_concurrency, platform=platform, device_name=device_name,
-                                   cpu_amx=platform == "cpu" and cpu_has_amx())
+                              cpu_amx=platform == "cpu" and cpu_has_amx(), compile_cache=compile_cache)
             if knobs.kv_cache_memory_bytes is None:
                 per_token = kv_bytes_per_token(facts, knobs.tensor_parallel_size, knobs.kv_cache_dtype, knobs.dtype)
                 weights, _ = weights_bytes(facts, knobs)
@@ -332,7 +338,9 @@ def startup_plan(
                                warnings=_concurrency_warning(predicted, max_concurrency), facts=facts,
                                device_total_bytes=device_total_bytes, device_name=device_name,
                                platform=platform, max_concurrency=max_concurrency)
-        decision = fit_profile(facts, device_total_bytes, profile, max_concurrency, device_name=device_name)
+        decision = fit_profile(
+            facts, device_total_bytes, profile, max_concurrency, device_name=device_name, compile_cache=compile_cache
+        )
     except Exception as exc:  # noqa: BLE001 - a plan must never block the boot
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         if profile.hf_token:

@@ -96,9 +96,12 @@ def knobs_for(
     platform: str = "cuda",
     device_name: str | None = None,
     cpu_amx: bool = False,
+    compile_cache: str = "unknown",
 ) -> Knobs:
     """Knobs from a launch profile (VLLM_EXTRA_ARGS and vLLM's spellings already folded in).
-    MAX_NUM_SEQS defaults as the worker's; CapacityError names a value the plan cannot read."""
+    MAX_NUM_SEQS defaults as the worker's; CapacityError names a value the plan cannot read.
+    `compile_cache`: what the start will find in torch.compile's cache ("warm" when the worker's mark
+    says a start of this configuration left it, engine.compile_cache)."""
     util = profile.value("GPU_MEMORY_UTILIZATION")
     try:
         utilization = float(util) if util is not None else DEFAULT_GPU_MEMORY_UTILIZATION
@@ -137,6 +140,7 @@ def knobs_for(
         allow_long_max_model_len=bool_word(profile.value("VLLM_ALLOW_LONG_MAX_MODEL_LEN")) is True,
         device_name=device_name,
         cpu_amx=cpu_amx,
+        compile_cache=compile_cache,
     )
 
 

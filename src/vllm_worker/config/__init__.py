@@ -3,6 +3,7 @@
 - `settings`: the worker's own variables (timeouts, concurrency, the engine command);
 - `profile`: `LaunchProfile`, the launch configuration typed, and the overrides a relaunch applies;
 - `args_builder`: vLLM's option table (`vllm_flags.json`) and the `vllm serve` argv built from a profile;
+- `engine_env`: the engine's environment beside that argv (the worker's own variables out, the caches in);
 - `flag_messages`: the sentences for a flag value vLLM would refuse or a name that only looks like a flag;
 - `official_worker`: what each variable of Runpod's official vLLM worker does here (taken, folded or answered);
 - `versions`: the vLLM release the worker is built and tested against.
@@ -10,4 +11,4 @@
 This folder imports nothing else of the package: every other folder takes its typed values.
 """
 
-__all__ = ["args_builder", "flag_messages", "official_worker", "profile", "settings", "versions"]
+__all__ = ["args_builder", "engine_env", "flag_messages", "official_worker", "profile", "settings", "versions"]

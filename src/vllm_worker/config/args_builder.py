@@ -47,6 +47,7 @@ from typing import Any, Iterable, Literal, Mapping, Sequence
 from vllm_worker.config import flag_messages, official_worker
 from vllm_worker.config.env import BOOL_ACCEPTED, EXTRA_ARGS, RefusedValue, bool_word
 from vllm_worker.config.env import value as value_of
+from vllm_worker.config.engine_env import engine_environment
 from vllm_worker.config.settings import DOCUMENTED, Settings, multiple_of_8_at_least
 
 Kind = Literal["value", "optional_value", "list", "append", "pair", "store_true", "removed"]
@@ -496,8 +497,9 @@ def lookalike_warnings(env: Mapping[str, str]) -> list[str]:
     return warnings
 
 
-def build_args(env: Mapping[str, str], settings: Settings) -> BuiltArgs:
-    """The `vllm serve` argv for a launch configuration (the env mapping); ArgsError if unusable."""
+def build_args(env: Mapping[str, str], settings: Settings, caches: Mapping[str, str] | None = None) -> BuiltArgs:
+    """The `vllm serve` argv and environment for a launch configuration (the env mapping); ArgsError if
+    unusable. `caches`: the compile-cache variables to give the engine (engine_env.cache_variables)."""
     warnings: list[str] = []
     baked = value_of(env, BAKED_MODEL_PATH)
     model_name = value_of(env, "MODEL_NAME")
@@ -562,16 +564,9 @@ def build_args(env: Mapping[str, str], settings: Settings) -> BuiltArgs:
 
     served = values.get("SERVED_MODEL_NAME")
     served_model_name = ([*_list_values("SERVED_MODEL_NAME", served, env), model] if served else [model])[0]
-    return BuiltArgs(argv=argv, served_model_name=served_model_name, engine_env=engine_env(env), warnings=warnings)
-
-
-# The platform's credentials and job-queue URLs: the worker's business, never the engine's.
-_WORKER_ONLY = ("RUNPOD_AI_API_KEY", "RUNPOD_WEBHOOK_")
-
-
-def engine_env(env: Mapping[str, str]) -> dict[str, str]:
-    """The environment the engine is started with: the launch configuration less the worker-only variables."""
-    return {name: value for name, value in env.items() if not name.startswith(_WORKER_ONLY)}
+    return BuiltArgs(
+        argv=argv, served_model_name=served_model_name, engine_env=engine_environment(env, caches), warnings=warnings
+    )
 
 
 # --- masking -----------------------------------------------------------------

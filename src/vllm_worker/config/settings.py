@@ -44,10 +44,15 @@ class Settings:
     default_max_tokens: int | None = None
     hang_timeout: float = 60.0
     vllm_command_set: bool = False  # VLLM_COMMAND was set (not the default `vllm serve`)
+    base_path: str = "/runpod-volume"
 
 
 # name -> (default as documented, None when unset; description); README's table is checked against this.
 DOCUMENTED: dict[str, tuple[str | None, str]] = {
+    "BASE_PATH": (
+        "/runpod-volume",
+        "where a network volume is mounted; when it is, the engine's compile caches are kept on it",
+    ),
     "MAX_CONCURRENCY": ("30", "jobs one worker runs at once; also the default MAX_NUM_SEQS (rounded up to a multiple of 8)"),
     "VLLM_PORT": ("8000", "loopback port of the supervised `vllm serve`"),
     "VLLM_COMMAND": ("vllm serve", "command that starts the engine (shell words)"),
@@ -128,6 +133,12 @@ def _one_of(choices: tuple[str, ...]) -> Callable[[str], str]:
     return convert
 
 
+def _absolute_path(raw: str) -> str:
+    if not raw.startswith("/"):
+        raise ValueError(raw)
+    return raw.rstrip("/") or "/"
+
+
 def _command(raw: str) -> tuple[str, ...]:
     words = tuple(shlex.split(raw))
     if not words:
@@ -162,4 +173,5 @@ def load(env: Mapping[str, str]) -> Settings:
         ),
         hang_timeout=_parse(env, "ENGINE_HANG_TIMEOUT", 60.0, _positive_seconds, seconds),
         vllm_command_set=value(env, "VLLM_COMMAND") is not None,
+        base_path=_parse(env, "BASE_PATH", "/runpod-volume", _absolute_path, "an absolute path such as /runpod-volume"),
     )

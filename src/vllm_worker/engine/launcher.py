@@ -29,7 +29,10 @@ from vllm_worker.engine import ladder
 from vllm_worker.diagnosis import startup_errors
 from vllm_worker.diagnosis.verdict import Diagnosis, Failure, Tried
 from vllm_worker.config import settings as settings_mod
+from vllm_worker.engine import compile_cache
+from vllm_worker.engine.download_progress import DownloadPlan
 from vllm_worker.engine.process import Engine, command_problem
+from vllm_worker.engine.startup_phases import PhaseClock, phases_line
 from vllm_worker.config.profile import LaunchProfile
 
 log = logging.getLogger("vllm_worker")
@@ -46,7 +49,9 @@ class Supervisor:
         self._lock = threading.Lock()
         self._stopping = False
 
-    def launch(self, argv: list[str], env: Mapping[str, str], log_argv: str) -> Engine:
+    def launch(
+        self, argv: list[str], env: Mapping[str, str], log_argv: str, on_line: Callable[[str], None] | None = None
+    ) -> Engine:
         with self._lock:
             if self._stopping:
                 raise SystemExit(143)
@@ -56,6 +61,7 @@ class Supervisor:
                 host=self.settings.vllm_host,
                 port=self.settings.vllm_port,
                 tail_lines=self.settings.log_tail_lines,
+                on_line=on_line,
                 log_argv=log_argv,
             )
             self.engine.start()
@@ -131,6 +137,9 @@ class Launcher:
         wait_for_memory: MemoryWait | None,
         weights_bytes: int | None = None,
         clock: Callable[[], float] = time.monotonic,
+        caches: compile_cache.CacheSetup | None = None,
+        download: DownloadPlan | None = None,
+        worker_phases: Mapping[str, float] | None = None,
     ) -> None:
         self.settings = settings
         self.supervisor = supervisor
@@ -138,6 +147,10 @@ class Launcher:
         self.weights_bytes = weights_bytes
         self.clock = clock
         self.count = 0
+        self.caches = caches or compile_cache.CacheSetup()
+        self.download = download  # None: nothing to download (cached, baked, local, offline)
+        self.download_status: dict[str, Any] | None = None  # the last progress reading, for the status job
+        self.worker_phases = dict(worker_phases or {})  # settings, pre-flight, plan: shown with launch 1
 
     def attempt(self, profile: LaunchProfile, record: dict[str, Any] | None = None, tried: Sequence[Tried] = ()) -> Attempt:
         """Launch `profile` once; the launch record (profile, overrides, `record`'s extras) comes back with it."""
@@ -145,7 +158,7 @@ class Launcher:
         launch_env = profile.env
         record = {"launch": self.count, "profile": profile.name, "overrides": dict(profile.overrides), **(record or {})}
         try:
-            built = args_builder.build_args(launch_env, self.settings)
+            built = args_builder.build_args(launch_env, self.settings, self.caches.env)
         except args_builder.ArgsError as exc:
             return Attempt("fatal", record, message=str(exc))
         for warning in built.warnings:
@@ -156,20 +169,44 @@ class Launcher:
                 self.settings.vllm_command, unstartable, self.settings.vllm_command_set
             ).message
             return Attempt("fatal", record, message=message, served_model_name=built.served_model_name)
+        phases: dict[str, float] = {}
         if self.wait_for_memory is not None:
+            waiting = self.clock()
             problem = self.wait_for_memory(profile)
+            phases["memory_wait"] = round(self.clock() - waiting, 2)
             if problem:
                 return Attempt("fatal", record, message=problem, served_model_name=built.served_model_name)
         masked = args_builder.mask(built.argv)
         log.info("launch %d: %s", self.count, masked)
         started = self.clock()
-        engine = self.supervisor.launch(built.argv, built.engine_env, masked)
-        state = engine.wait_ready(self.settings.startup_timeout)
+        phase_clock = PhaseClock()
+        watch = self.download.watch() if self.download is not None else None
+
+        def on_line(line: str) -> None:
+            phase_clock.feed(self.clock() - started, line)
+            if watch is not None:
+                watch.on_line(line)
+
+        engine = self.supervisor.launch(built.argv, built.engine_env, masked, on_line)
+        if watch is not None:
+            watch.start()
+        try:
+            state = engine.wait_ready(self.settings.startup_timeout)
+        finally:
+            if watch is not None:
+                watch.stop()
+                self.download_status = watch.status() or self.download_status
         record["seconds"] = round(self.clock() - started, 1)
+        phases.update(phase_clock.phases(record["seconds"] if state == "ready" else None))
+        record["phases"] = phases
+        record["compile_caches"] = phase_clock.cache
         result = Attempt("ready", record, served_model_name=built.served_model_name, warnings=list(built.warnings))
         if state == "ready":
             record["outcome"] = "ready"
             result.engine = engine
+            worker = self.worker_phases if self.count == 1 else {}
+            log.info("%s", phases_line(self.count, {**worker, **phases}, phases, phase_clock.cache))
+            compile_cache.record_ready(self.caches, built.argv, phase_clock.cache)
             return result
         if self.supervisor.stopping:
             record["outcome"] = result.outcome = "stopped"

@@ -35,7 +35,7 @@ import re
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, AsyncGenerator, Protocol
+from typing import Any, AsyncGenerator, Mapping, Protocol
 
 import aiohttp
 
@@ -128,6 +128,21 @@ def worker_notice(profile: dict[str, Any]) -> dict[str, Any]:
     return {"degraded": True, "profile": profile}
 
 
+def startup_phases(status: Mapping[str, Any]) -> dict[str, Any] | None:
+    """Where the start's time went: the worker's steps once, then each launch's (memory wait and the
+    engine's phases read from its lines: engine.startup_phases). A phase not reported is absent;
+    None before anything was timed."""
+    records = status.get("launches")
+    launches = [
+        {"launch": record.get("launch"), **record["phases"]}
+        for record in (records if isinstance(records, list) else [])
+        if isinstance(record, Mapping) and isinstance(record.get("phases"), Mapping)
+    ]
+    if not launches and "worker_phases" not in status:
+        return None
+    return {"worker": dict(status.get("worker_phases") or {}), "launches": launches}
+
+
 def status_report(state: WorkerState) -> dict[str, Any]:
     """What a status job answers: main's status dict, plus the live model, profile, readiness and fatal error.
 
@@ -135,6 +150,9 @@ def status_report(state: WorkerState) -> dict[str, Any]:
     """
     report = dict(state.status)
     report.pop("error", None)
+    phases = startup_phases(report)
+    if phases is not None:
+        report["startup_phases"] = phases
     report["served_model_name"] = state.served_model_name
     if state.profile is not None or "profile" not in report:
         report["profile"] = state.profile

@@ -1,0 +1,178 @@
+"""The engine's compile caches on the network volume: a cold start paid once.
+
+Every cold start of a container begins with vLLM's torch.compile cache, Inductor's and
+Triton's empty: they live in the container (`~/.cache/vllm`, `/tmp/torchinductor_<user>`)
+and die with it. When a network volume is mounted at BASE_PATH, `prepare` points them at
+`BASE_PATH/engine-cache` (config.engine_env decides the variables), so the next worker
+that starts the same configuration loads what the first one compiled.
+
+What can go wrong on a volume shared by workers that start at once, and who handles it:
+- torch writes Inductor's entries through a temporary file and a rename, and skips an
+  entry it cannot unpickle; vLLM writes its AOT artifact the same way and compiles again,
+  with one warning, when it cannot load it. Those need nothing from the worker.
+- vLLM writes `vllm_compile_cache.py` (its index of compiled graphs) in place and parses it
+  with `ast.literal_eval` at the next start: a file torn by a writer that died or is still
+  writing fails that start. `repair` parses each index before a launch and removes a torn
+  one (vLLM then compiles those graphs again), with one log line.
+- A read-only or full volume must not fail a start: the caches then stay in the container,
+  with one warning.
+
+Whether a start will find the caches warm is known from a mark the worker leaves after a
+start of the same configuration (its argv, less host and port) came up with them: the
+capacity plan then leaves out the cold-compile term. Whether it did is read from the
+engine's own lines (engine.startup_phases).
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import logging
+import os
+import shutil
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Mapping, Sequence
+
+from vllm_worker.config.engine_env import cache_variables
+from vllm_worker.config.versions import VLLM_VERSION
+
+log = logging.getLogger("vllm_worker")
+
+CACHE_FOLDER = "engine-cache"
+MARKS_FOLDER = "vllm-worker-ready"
+# Below this much free space the caches stay in the container: one configuration's artifacts
+# are about 150 MB on the CPU engine here and hundreds of MB on GPUs, and a volume that fills
+# up during a compile would fail that start.
+MIN_FREE_BYTES = 2 << 30
+_PROBE_BYTES = 64 << 10
+# Options whose values change between starts of the same configuration.
+_VOLATILE_FLAGS = ("--port", "--host")
+
+Expected = Literal["warm", "cold", "unknown"]
+
+
+@dataclass
+class CacheSetup:
+    """Where this worker's engine keeps its compile caches, and what the worker expects to find."""
+
+    root: Path | None = None  # the cache folder on the volume; None: the container's defaults
+    env: dict[str, str] = field(default_factory=dict)  # variables for the engine's environment
+    expected: Expected = "unknown"  # "warm": a start of this configuration left them; "unknown": no volume
+    warning: str | None = None  # why a mounted volume is not used
+    repaired: list[str] = field(default_factory=list)  # torn entries removed before the launch
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "folder": str(self.root) if self.root else None,
+            "expected": self.expected,
+            "repaired": list(self.repaired),
+            "warning": self.warning,
+        }
+
+
+def fingerprint(argv: Sequence[str]) -> str:
+    """The configuration a compile cache belongs to: the vLLM release and the argv less the options that
+    vary per start (vLLM's own cache key is finer; a mark that says warm wrongly only costs the plan
+    its cold-compile allowance)."""
+    kept: list[str] = []
+    skip = False
+    for word in argv:
+        if skip:
+            skip = False
+            continue
+        if word in _VOLATILE_FLAGS:
+            skip = True
+            continue
+        if word.split("=", 1)[0] in _VOLATILE_FLAGS:
+            continue
+        kept.append(word)
+    return hashlib.sha256("\0".join([VLLM_VERSION, *kept]).encode()).hexdigest()[:32]
+
+
+def unusable_volume_message(base_path: str, problem: str) -> str:
+    return (
+        f"the network volume at BASE_PATH={base_path} cannot keep the engine's compile caches ({problem}): "
+        f"they stay in the container and this start compiles as on a fresh one; "
+        f"attach a writable volume with free space, or set BASE_PATH to a writable folder"
+    )
+
+
+def prepare(base_path: str, env: Mapping[str, str], argv: Sequence[str]) -> CacheSetup:
+    """The cache folders for this worker's launches; never raises (a volume problem is a warning)."""
+    if not os.path.isdir(base_path):
+        return CacheSetup()
+    root = Path(base_path) / CACHE_FOLDER
+    problem = _probe(root)
+    if problem is not None:
+        return CacheSetup(warning=unusable_volume_message(base_path, problem))
+    variables = cache_variables(str(root), env)
+    vllm_root = Path(variables.get("VLLM_CACHE_ROOT") or env.get("VLLM_CACHE_ROOT") or root / "vllm")
+    setup = CacheSetup(root=root, env=variables, expected="cold")
+    setup.repaired = repair(vllm_root)
+    if (root / MARKS_FOLDER / fingerprint(argv)).exists():
+        setup.expected = "warm"
+    return setup
+
+
+def _probe(root: Path) -> str | None:
+    """Why `root` cannot hold the caches (read-only, no space, not a folder), or None."""
+    probe = root / f".probe-{uuid.uuid4().hex}"
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        free = shutil.disk_usage(root).free
+        if free < MIN_FREE_BYTES:
+            return f"{free / (1 << 20):.0f} MiB free, less than the {MIN_FREE_BYTES >> 30} GiB the caches may need"
+        with open(probe, "wb") as handle:
+            handle.write(b"\0" * _PROBE_BYTES)
+            handle.flush()
+            os.fsync(handle.fileno())
+    except OSError as error:
+        return f"{type(error).__name__}: {error.strerror or error}"
+    finally:
+        try:
+            probe.unlink()
+        except OSError:
+            pass
+    return None
+
+
+def repair(vllm_cache_root: Path) -> list[str]:
+    """Remove the torn indexes of vLLM's compile cache (`vllm_compile_cache.py` that does not parse).
+
+    The index sits at torch_compile_cache/<hash>/rank_<i>_<j>/<prefix>/; the walk stays at that
+    depth, so a large Inductor cache on a network volume is not listed.
+    """
+    removed: list[str] = []
+    for index in sorted(vllm_cache_root.glob("torch_compile_cache/*/rank_*/*/vllm_compile_cache.py")):
+        try:
+            ast.literal_eval(index.read_text())
+            continue
+        except (OSError, UnicodeDecodeError):
+            problem = "unreadable"
+        except (SyntaxError, ValueError, MemoryError, RecursionError) as error:
+            problem = f"{type(error).__name__}"
+        try:
+            index.unlink()
+        except OSError:
+            continue
+        removed.append(str(index))
+        log.warning("compile cache: removed the torn index %s (%s); vLLM compiles those graphs again", index, problem)
+    return removed
+
+
+def record_ready(setup: CacheSetup, argv: Sequence[str], state: str | None) -> None:
+    """After a ready start that compiled or loaded (`state` from the engine's lines), leave the mark
+    that says the next start of this configuration will find the caches warm. Never raises."""
+    if setup.root is None or state is None:
+        return
+    marks = setup.root / MARKS_FOLDER
+    target = marks / fingerprint(argv)
+    try:
+        marks.mkdir(parents=True, exist_ok=True)
+        temporary = marks / f".{uuid.uuid4().hex}.tmp"
+        temporary.write_text("ready\n")
+        os.replace(temporary, target)
+    except OSError as error:
+        log.info("compile cache: could not mark the caches warm for this configuration (%s)", error)
