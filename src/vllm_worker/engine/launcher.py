@@ -205,7 +205,10 @@ class Launcher:
             record["outcome"] = "ready"
             result.engine = engine
             worker = self.worker_phases if self.count == 1 else {}
-            log.info("%s", phases_line(self.count, {**worker, **phases}, phases, phase_clock.cache))
+            cache = phase_clock.cache
+            if cache is not None and phase_clock.corrupt_entry is not None:
+                cache += f" (vLLM could not read {phase_clock.corrupt_entry} and compiled it again)"
+            log.info("%s", phases_line(self.count, {**worker, **phases}, phases, cache))
             compile_cache.record_ready(self.caches, built.argv, phase_clock.cache)
             return result
         if self.supervisor.stopping:

@@ -107,13 +107,13 @@ class PhaseClock:
     def _cache_line(self, line: str) -> None:
         reload = _AOT_RELOAD.search(line)
         if reload:
+            # The artifact was there (torn or, on the CPU build, unloadable): vLLM compiles again from
+            # the Inductor cache beside it, which is what makes the start shorter.
             reason = reload.group(2).strip()
             self.aot_load_failure = reason
             if _CORRUPT.search(reason):
                 self.corrupt_entry = reload.group(1)
-                self.cache = "cold"
-            else:
-                self.cache = "warm"
+            self.cache = "warm"
         elif _CACHE_LOADED.search(line):
             self.cache = "warm"
         elif _COMPILED_FRESH.search(line) and self.cache is None:

@@ -1,0 +1,76 @@
+"""The engine's compile caches on a network volume folder: where they go, the warm mark, a torn
+index repaired, and a read-only or full volume answered with one warning (real filesystems)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from tests.support.volumes import full_volume, read_only_volume
+from vllm_worker.engine import compile_cache
+
+ARGV = ["vllm", "serve", "org/model", "--host", "127.0.0.1", "--port", "8001", "--max-model-len", "512"]
+
+
+def test_a_mounted_volume_takes_the_caches_the_user_did_not_set(tmp_path: Path) -> None:
+    setup = compile_cache.prepare(str(tmp_path), {"TRITON_CACHE_DIR": "/mine"}, ARGV)
+    root = tmp_path / "engine-cache"
+    assert setup.root == root and setup.warning is None
+    assert setup.env == {
+        "VLLM_CACHE_ROOT": f"{root}/vllm",
+        "TORCHINDUCTOR_CACHE_DIR": f"{root}/torchinductor",
+    }
+    assert setup.expected == "cold"
+    assert [p.name for p in root.iterdir()] == []  # the write probe leaves nothing behind
+
+
+def test_no_volume_leaves_the_container_defaults(tmp_path: Path) -> None:
+    setup = compile_cache.prepare(str(tmp_path / "not-mounted"), {}, ARGV)
+    assert setup.root is None and setup.env == {} and setup.expected == "unknown" and setup.warning is None
+
+
+def test_a_ready_start_marks_its_configuration_warm_whatever_its_port(tmp_path: Path) -> None:
+    setup = compile_cache.prepare(str(tmp_path), {}, ARGV)
+    compile_cache.record_ready(setup, ARGV, None)  # an eager start compiled nothing: no mark
+    assert compile_cache.prepare(str(tmp_path), {}, ARGV).expected == "cold"
+    compile_cache.record_ready(setup, ARGV, "cold")
+    other_port = [*ARGV[:-3], "9009", *ARGV[-2:]]
+    assert compile_cache.prepare(str(tmp_path), {}, other_port).expected == "warm"
+    other_config = [*ARGV[:-1], "1024"]
+    assert compile_cache.prepare(str(tmp_path), {}, other_config).expected == "cold"
+
+
+def test_a_torn_vllm_compile_index_is_removed_before_the_launch_with_one_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    rank = tmp_path / "engine-cache" / "vllm" / "torch_compile_cache" / "0a1b" / "rank_0_0"
+    whole = rank / "backbone" / "vllm_compile_cache.py"
+    torn = rank / "eagle_head" / "vllm_compile_cache.py"
+    whole.parent.mkdir(parents=True)
+    torn.parent.mkdir(parents=True)
+    index = "{\n    ((1, 8192), 0, 'inductor'): ('artifact_shape_None_subgraph_0', 'f2a9'),\n}"
+    whole.write_text(index)
+    torn.write_text(index[: len(index) // 2])
+    with caplog.at_level(logging.INFO, logger="vllm_worker"):
+        setup = compile_cache.prepare(str(tmp_path), {}, ARGV)
+    assert setup.repaired == [str(torn)]
+    assert whole.exists() and not torn.exists()
+    lines = [r.getMessage() for r in caplog.records if "torn" in r.getMessage()]
+    assert len(lines) == 1 and str(torn) in lines[0]
+
+
+def test_a_read_only_volume_keeps_the_caches_in_the_container_with_one_warning(tmp_path: Path) -> None:
+    with read_only_volume(tmp_path / "volume") as volume:
+        setup = compile_cache.prepare(str(volume), {}, ARGV)
+    assert setup.root is None and setup.env == {}
+    assert setup.warning is not None
+    assert f"BASE_PATH={volume}" in setup.warning and "stay in the container" in setup.warning
+
+
+def test_a_full_volume_keeps_the_caches_in_the_container_with_one_warning(tmp_path: Path) -> None:
+    with full_volume(tmp_path / "volume") as volume:
+        setup = compile_cache.prepare(str(volume), {}, ARGV)
+    assert setup.root is None and setup.env == {}
+    assert setup.warning is not None and "MiB free" in setup.warning
