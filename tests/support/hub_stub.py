@@ -24,6 +24,8 @@ what `snapshot_download` needs: the recursive tree listing and
 `/{repo}/resolve/{rev}/{file}` (HEAD and GET, with `X-Repo-Commit`, `ETag`,
 `Content-Length` and Range support).
 
+`slow_downloads(rate)` serves file downloads at about that many bytes per second.
+
 Faults are scripted per path prefix: a status code (429, 500, 503...) or a hang
 that lasts until the client gives up or the stub is closed. Every request is
 recorded so tests can count the calls made.
@@ -35,6 +37,7 @@ import hashlib
 import json
 import re
 import threading
+import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Iterable, Mapping
@@ -162,6 +165,7 @@ class HubStub:
         self.requests: list[RecordedRequest] = []
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
+        self.download_rate: float | None = None  # bytes per second of a file download; None: full speed
 
     # -- lifecycle -------------------------------------------------------
     def start(self) -> "HubStub":
@@ -250,6 +254,10 @@ class HubStub:
         """Answer the next `times` matching requests (None: all of them) with `status`."""
         with self._lock:
             self._faults.append(Fault(path_prefix=path_prefix, status=status, hang=False, remaining=times))
+
+    def slow_downloads(self, bytes_per_second: float) -> None:
+        """Serve file downloads (`/resolve/`) at about this rate, as a slow link to the Hub would."""
+        self.download_rate = bytes_per_second
 
     def hang(self, *, times: int | None = 1, path_prefix: str = "/") -> None:
         """Accept the next matching requests and never answer (until the stub closes)."""
@@ -470,8 +478,19 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("X-Request-Id", "stub-" + _sha1(self.path.encode())[:12])
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
-        if method != "HEAD":
+        if method == "HEAD":
+            return
+        rate = self.stub.download_rate if "/resolve/" in self.path else None
+        if rate is None:
             self.wfile.write(body)
+            return
+        chunk = max(1024, int(rate / 10))
+        for start in range(0, len(body), chunk):
+            if self.stub._closing.is_set():
+                return
+            self.wfile.write(body[start : start + chunk])
+            self.wfile.flush()
+            time.sleep(chunk / rate)
 
 
 def _tree(repo: StubRepo, prefix: str, recursive: bool) -> list[dict]:
