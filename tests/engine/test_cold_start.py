@@ -1,11 +1,13 @@
-"""A cold start paid once: two workers started one after the other on one network volume folder.
+"""A cold start paid once: workers started one after the other on one network volume folder.
 
-The real vLLM CPU engine with torch.compile on, through the worker, the model fetched by vLLM
-itself from the Hub stand-in (slowed, so the download is long enough to be watched). Each start
-gets a fresh HOME and TMPDIR, as a fresh container would: what the second finds, it finds on the
-volume. The first must show its download's progress and find the caches cold; the second must
-find the model on the volume (no download) and the caches warm, though the AOT artifact the first
-left is torn on purpose. Both report their phases. Presence is asserted, never times.
+The real vLLM CPU engine through the worker, the model fetched by vLLM itself from the Hub
+stand-in (slowed, so the download is long enough to be watched). Each start gets a fresh HOME and
+TMPDIR, as a fresh container would: what a start finds, it finds on the volume. The first start
+downloads (its progress shown); it runs eager, because vLLM keys its compile cache on the model's
+snapshot folder once the model is served from the volume, so the downloading start's compile would
+not serve the later ones anyway. The second start finds the model and compiles (caches cold); the
+third finds the caches warm, though the AOT artifact the second left is torn on purpose. All
+report their phases. Presence is asserted, never times.
 
 A read-only volume folder must not fail a start: one warning, and the engine comes up (eager: the
 cheapest start that proves it).
@@ -15,7 +17,9 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import struct
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +33,11 @@ from tests.support.worker_proc import WorkerProcess
 
 pytestmark = pytest.mark.engine
 
-REPO = "acme/tiny-llama"
-RATE = 40_000  # bytes per second: the tiny model's 0.9 MB of weights take ~23 s, two progress lines
+REPO = "acme/tiny-llama-wide"
+# huggingface_hub writes a download to disk in 10 MiB chunks: a model of ~37 MB (the tiny Llama made
+# wider), served at 1.5 MB/s, takes ~25 s and lands in steps the 10 s progress lines can see.
+RATE = 1_500_000
+WIDE = {"layers": 2, "hidden_size": 1024, "intermediate_size": 2048, "heads": 16, "kv_heads": 2, "head_dim": 64}
 
 
 def parameter_count(safetensors: Path) -> int:
@@ -43,18 +50,24 @@ def parameter_count(safetensors: Path) -> int:
 def start(env: dict[str, str], workdir: Path) -> tuple[dict[str, Any], str]:
     """One worker start: its status job's answer once it serves, and its log."""
     workdir.mkdir()
-    (workdir / "tmp").mkdir()
-    env = {**env, "TMPDIR": str(workdir / "tmp"), "VLLM_PORT": str(engine_env.free_port())}
-    with ControlPlane() as cp, WorkerProcess(env, control_plane=cp, workdir=workdir) as worker:
-        status = cp.result(cp.submit({"route": "/worker/status"}), timeout=engine_env.BOOT_TIMEOUT)
-        log = worker.log()
+    # A short TMPDIR of its own: vLLM binds IPC sockets there, whose path may not pass 107 bytes.
+    tmp = Path(tempfile.mkdtemp(prefix="cold-"))
+    env = {**env, "TMPDIR": str(tmp), "VLLM_PORT": str(engine_env.free_port())}
+    try:
+        with ControlPlane() as cp, WorkerProcess(env, control_plane=cp, workdir=workdir) as worker:
+            status = cp.result(cp.submit({"route": "/worker/status"}), timeout=engine_env.BOOT_TIMEOUT)
+            log = worker.log()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     assert "error" not in status, status
     [report] = status["output"]
-    assert report["ready"] is True and report["fatal"] is None, (report, log[-4000:])
+    if report["ready"] is not True or report["fatal"] is not None:
+        pytest.fail(f"the worker did not start: {report['fatal']}\n{log[-6000:]}", pytrace=False)
     return report, log
 
 
-def test_the_second_start_on_a_volume_finds_the_model_and_warm_caches(tiny_model: Path, tmp_path: Path) -> None:
+def test_starts_on_one_volume_download_once_and_compile_once(tmp_path: Path) -> None:
+    tiny_model = engine_env.make_tiny_model(tmp_path / "model", **WIDE)
     volume = tmp_path / "volume"
     hub_cache = volume / "huggingface-cache" / "hub"
     volume.mkdir()
@@ -71,37 +84,41 @@ def test_the_second_start_on_a_volume_finds_the_model_and_warm_caches(tiny_model
             BASE_PATH=str(volume),
             HF_HUB_CACHE=str(hub_cache),
             RUNPOD_MODEL_CACHE=str(hub_cache),
-            ENFORCE_EAGER="false",
             MAX_CONCURRENCY="2",
         )
-        cold, cold_log = start(env, tmp_path / "first")
-
+        # 1. The model is not on the volume: vLLM downloads it (eager: the compile is the next starts' part).
+        fetched, fetched_log = start(env, tmp_path / "first")
+    compiled_env = {**env, "ENFORCE_EAGER": "false"}
+    # 2. The model is on the volume now; torch.compile on, the caches empty.
+    cold, cold_log = start(compiled_env, tmp_path / "second")
     # A torn AOT artifact (a writer that died mid-write) must not break the next start.
     [artifact] = (volume / "engine-cache" / "vllm").glob("torch_compile_cache/torch_aot_compile/*/rank_*/model")
     artifact.write_bytes(artifact.read_bytes()[: artifact.stat().st_size // 2])
-    warm, warm_log = start(env, tmp_path / "second")
+    # 3. The same configuration again: the caches are warm.
+    warm, warm_log = start(compiled_env, tmp_path / "third")
 
-    # The first start: downloaded with progress shown, compiled into the volume.
-    assert f"downloading {REPO}: " in cold_log and f"of about {2 * params / 1e6:.1f} MB" in cold_log
-    assert cold["download"]["bytes"] > 0 and cold["download"]["expected_bytes"] == 2 * params
+    progress = [line for line in fetched_log.splitlines() if f"downloading {REPO}: " in line]
+    assert progress and all(f"of about {2 * params / 1e6:.1f} MB" in line for line in progress), progress
+    assert fetched["download"]["bytes"] > 0 and fetched["download"]["expected_bytes"] == 2 * params
+    [first] = fetched["startup_phases"]["launches"]
+    assert {"import_config", "download", "weights_load", "engine_init", "ready"} <= set(first)
+    assert "torch_compile" not in first and "graph_capture" not in first  # eager, CPU: absent, not zero
+    assert {"settings", "preflight", "plan"} <= set(fetched["startup_phases"]["worker"])
+    assert fetched["compile_caches"]["folder"] == str(volume / "engine-cache")
+    assert fetched["compile_caches"]["found"] is None
+
+    for report, log in ((cold, cold_log), (warm, warm_log)):
+        assert f"downloading {REPO}" not in log and report["download"] is None
+        [launch] = report["startup_phases"]["launches"]
+        assert {"import_config", "weights_load", "torch_compile", "engine_init", "ready"} <= set(launch)
+        assert "download" not in launch
+        assert "startup phases, launch 1: settings" in log
     assert cold["compile_caches"]["expected"] == "cold" and cold["compile_caches"]["found"] == "cold"
-    assert cold["compile_caches"]["folder"] == str(volume / "engine-cache")
-    [first] = cold["startup_phases"]["launches"]
-    assert {"import_config", "download", "weights_load", "torch_compile", "engine_init", "ready"} <= set(first)
-    assert "graph_capture" not in first  # the CPU engine captures no graphs: absent, not zero
-    assert {"settings", "preflight", "plan"} <= set(cold["startup_phases"]["worker"])
-    assert "startup phases, launch 1: settings" in cold_log and "compile caches cold" in cold_log
-
-    # The second: the model from the volume, the caches warm, phases again.
-    assert f"downloading {REPO}" not in warm_log and warm["download"] is None
+    assert "compile caches cold" in cold_log
     assert warm["compile_caches"]["expected"] == "warm" and warm["compile_caches"]["found"] == "warm"
-    assert "Compiling model again due to a load failure" in warm_log
-    [second] = warm["startup_phases"]["launches"]
-    assert {"import_config", "weights_load", "torch_compile", "engine_init", "ready"} <= set(second)
-    assert "download" not in second
-    assert "compile caches warm" in warm_log
+    assert "Compiling model again due to a load failure" in warm_log and "compile caches warm" in warm_log
 
-    for log in (cold_log, warm_log):
+    for log in (fetched_log, cold_log, warm_log):
         assert "Unknown vLLM environment variable detected" not in log
 
 

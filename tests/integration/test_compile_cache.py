@@ -40,6 +40,12 @@ def test_a_ready_start_marks_its_configuration_warm_whatever_its_port(tmp_path: 
     assert compile_cache.prepare(str(tmp_path), {}, other_port).expected == "warm"
     other_config = [*ARGV[:-1], "1024"]
     assert compile_cache.prepare(str(tmp_path), {}, other_config).expected == "cold"
+    # Served from a snapshot on the volume, vLLM keys its cache on the snapshot folder: another key.
+    snapshot = str(tmp_path / "hub" / "models--org--model" / "snapshots" / ("a" * 40))
+    offline = compile_cache.prepare(str(tmp_path), {}, ARGV, snapshot)
+    assert offline.expected == "cold"
+    compile_cache.record_ready(offline, ARGV, "cold")
+    assert compile_cache.prepare(str(tmp_path), {}, ARGV, snapshot).expected == "warm"
 
 
 def test_a_torn_vllm_compile_index_is_removed_before_the_launch_with_one_line(

@@ -44,6 +44,11 @@ def cache_variables(root: str, env: Mapping[str, str]) -> dict[str, str]:
     }
 
 
+def vllm_cache_root(root: str, env: Mapping[str, str]) -> str:
+    """Where vLLM keeps its compile cache: the user's VLLM_CACHE_ROOT, else its folder under `root`."""
+    return (env.get("VLLM_CACHE_ROOT") or "").strip() or f"{root.rstrip('/')}/{CACHE_FOLDERS['VLLM_CACHE_ROOT']}"
+
+
 def engine_environment(env: Mapping[str, str], caches: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment the engine starts with: the launch configuration less the worker's and the
     platform's variables, plus `caches` (from `cache_variables`)."""

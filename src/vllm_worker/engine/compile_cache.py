@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Mapping, Sequence
 
-from vllm_worker.config.engine_env import cache_variables
+from vllm_worker.config.engine_env import cache_variables, vllm_cache_root
 from vllm_worker.config.versions import VLLM_VERSION
 
 log = logging.getLogger("vllm_worker")
@@ -62,6 +62,7 @@ class CacheSetup:
     expected: Expected = "unknown"  # "warm": a start of this configuration left them; "unknown": no volume
     warning: str | None = None  # why a mounted volume is not used
     repaired: list[str] = field(default_factory=list)  # torn entries removed before the launch
+    served_from: str | None = None  # the on-disk snapshot the model is served from, part of the key
 
     def status(self) -> dict[str, Any]:
         return {
@@ -72,10 +73,12 @@ class CacheSetup:
         }
 
 
-def fingerprint(argv: Sequence[str]) -> str:
-    """The configuration a compile cache belongs to: the vLLM release and the argv less the options that
-    vary per start (vLLM's own cache key is finer; a mark that says warm wrongly only costs the plan
-    its cold-compile allowance)."""
+def fingerprint(argv: Sequence[str], served_from: str | None = None) -> str:
+    """The configuration a compile cache belongs to: the vLLM release, the argv less the options that
+    vary per start, and the snapshot folder a cached model is served from (offline, vLLM resolves the
+    repo id to that folder and keys its cache on it, so the start that downloads a model and the starts
+    that find it on the volume compile under two keys). vLLM's own key is finer; a mark that says warm
+    wrongly only costs the plan its cold-compile allowance."""
     kept: list[str] = []
     skip = False
     for word in argv:
@@ -88,7 +91,7 @@ def fingerprint(argv: Sequence[str]) -> str:
         if word.split("=", 1)[0] in _VOLATILE_FLAGS:
             continue
         kept.append(word)
-    return hashlib.sha256("\0".join([VLLM_VERSION, *kept]).encode()).hexdigest()[:32]
+    return hashlib.sha256("\0".join([VLLM_VERSION, served_from or "", *kept]).encode()).hexdigest()[:32]
 
 
 def unusable_volume_message(base_path: str, problem: str) -> str:
@@ -99,19 +102,20 @@ def unusable_volume_message(base_path: str, problem: str) -> str:
     )
 
 
-def prepare(base_path: str, env: Mapping[str, str], argv: Sequence[str]) -> CacheSetup:
-    """The cache folders for this worker's launches; never raises (a volume problem is a warning)."""
+def prepare(
+    base_path: str, env: Mapping[str, str], argv: Sequence[str], served_from: str | None = None
+) -> CacheSetup:
+    """The cache folders for this worker's launches; never raises (a volume problem is a warning).
+    `served_from`: the cached snapshot the model is served from (model.cache), if any."""
     if not os.path.isdir(base_path):
         return CacheSetup()
     root = Path(base_path) / CACHE_FOLDER
     problem = _probe(root)
     if problem is not None:
         return CacheSetup(warning=unusable_volume_message(base_path, problem))
-    variables = cache_variables(str(root), env)
-    vllm_root = Path(variables.get("VLLM_CACHE_ROOT") or env.get("VLLM_CACHE_ROOT") or root / "vllm")
-    setup = CacheSetup(root=root, env=variables, expected="cold")
-    setup.repaired = repair(vllm_root)
-    if (root / MARKS_FOLDER / fingerprint(argv)).exists():
+    setup = CacheSetup(root=root, env=cache_variables(str(root), env), expected="cold", served_from=served_from)
+    setup.repaired = repair(Path(vllm_cache_root(str(root), env)))
+    if (root / MARKS_FOLDER / fingerprint(argv, served_from)).exists():
         setup.expected = "warm"
     return setup
 
@@ -168,7 +172,7 @@ def record_ready(setup: CacheSetup, argv: Sequence[str], state: str | None) -> N
     if setup.root is None or state is None:
         return
     marks = setup.root / MARKS_FOLDER
-    target = marks / fingerprint(argv)
+    target = marks / fingerprint(argv, setup.served_from)
     try:
         marks.mkdir(parents=True, exist_ok=True)
         temporary = marks / f".{uuid.uuid4().hex}.tmp"
