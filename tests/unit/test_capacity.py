@@ -637,6 +637,16 @@ def test_startup_plan_with_preflight_counts_and_config() -> None:
     assert eager is not None and eager.cudagraph_bytes == 0 and eager.kv_cache_bytes > sp.predicted.kv_cache_bytes
 
 
+def test_a_start_that_will_find_the_compile_caches_warm_plans_without_the_cold_compile() -> None:
+    env = {"MODEL_NAME": "meta-llama/Llama-3.1-8B-Instruct", "MAX_MODEL_LEN": "8192"}
+    unknown = cap.startup_plan(env, RTX_4090, 30, config=LLAMA_31_8B, safetensors_parameters=LLAMA_31_8B_PARAMS)
+    warm = cap.startup_plan(env, RTX_4090, 30, config=LLAMA_31_8B, safetensors_parameters=LLAMA_31_8B_PARAMS,
+                            compile_cache="warm")
+    assert unknown.predicted is not None and warm.predicted is not None
+    assert unknown.predicted.compile_bytes > 0 and warm.predicted.compile_bytes == 0
+    assert warm.predicted.max_model_len_low > unknown.predicted.max_model_len_low
+
+
 def test_startup_plan_is_unknown_when_facts_cannot_be_read(tmp_path: Path) -> None:
     sp = cap.startup_plan(LaunchProfile.parse({"MODEL_NAME": str(tmp_path / "missing")}), RTX_4090, 30)
     assert sp.status == "unknown" and sp.overrides == {} and sp.fatal_message is None
