@@ -638,7 +638,7 @@ def test_startup_plan_with_preflight_counts_and_config() -> None:
 
 
 def test_a_start_that_will_find_the_compile_caches_warm_plans_without_the_cold_compile() -> None:
-    env = {"MODEL_NAME": "meta-llama/Llama-3.1-8B-Instruct", "MAX_MODEL_LEN": "8192"}
+    env = LaunchProfile.parse({"MODEL_NAME": "meta-llama/Llama-3.1-8B-Instruct", "MAX_MODEL_LEN": "8192"})
     unknown = cap.startup_plan(env, RTX_4090, 30, config=LLAMA_31_8B, safetensors_parameters=LLAMA_31_8B_PARAMS)
     warm = cap.startup_plan(env, RTX_4090, 30, config=LLAMA_31_8B, safetensors_parameters=LLAMA_31_8B_PARAMS,
                             compile_cache="warm")

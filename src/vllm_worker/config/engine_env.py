@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from typing import Mapping
 
+from vllm_worker.config.env import value
 from vllm_worker.config.settings import DOCUMENTED
 
 # Variable -> its folder under the cache root on the volume.
@@ -40,21 +41,21 @@ def cache_variables(root: str, env: Mapping[str, str]) -> dict[str, str]:
     return {
         name: f"{root.rstrip('/')}/{folder}"
         for name, folder in CACHE_FOLDERS.items()
-        if not (env.get(name) or "").strip()
+        if value(env, name) is None
     }
 
 
 def vllm_cache_root(root: str, env: Mapping[str, str]) -> str:
     """Where vLLM keeps its compile cache: the user's VLLM_CACHE_ROOT, else its folder under `root`."""
-    return (env.get("VLLM_CACHE_ROOT") or "").strip() or f"{root.rstrip('/')}/{CACHE_FOLDERS['VLLM_CACHE_ROOT']}"
+    return value(env, "VLLM_CACHE_ROOT") or f"{root.rstrip('/')}/{CACHE_FOLDERS['VLLM_CACHE_ROOT']}"
 
 
 def engine_environment(env: Mapping[str, str], caches: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment the engine starts with: the launch configuration less the worker's and the
     platform's variables, plus `caches` (from `cache_variables`)."""
     kept = {
-        name: value
-        for name, value in env.items()
+        name: text
+        for name, text in env.items()
         if name not in WORKER_OWN and not name.startswith(PLATFORM_PREFIX)
     }
     kept.update(caches or {})
