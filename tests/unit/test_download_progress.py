@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import logging
+import time
 from pathlib import Path
 
+import pytest
+
 from vllm_worker.engine.download_progress import (
+    DownloadWatch,
     Reading,
     bytes_on_disk,
     download_over,
@@ -61,3 +66,20 @@ def test_the_engines_own_lines_end_the_download() -> None:
     assert download_over("(Worker pid=1) INFO 12-01 21:08:54 [default_loader.py:501] Loading weights took 0.01 seconds")
     assert download_over("Loading safetensors checkpoint shards:   0% Completed | 0/1 [00:00<?, ?it/s]")
     assert not download_over("(Worker pid=1) INFO 12-01 21:08:54 [cpu_model_runner.py:68] Starting to load model org/m...")
+
+
+def test_a_watch_logs_only_while_the_folder_grows(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    folder = repo_folder(tmp_path, "org/model")
+    (folder / "blobs").mkdir(parents=True)
+    (folder / "blobs" / "done").write_bytes(b"x" * 100)
+    with caplog.at_level(logging.INFO, logger="vllm_worker"):
+        watch = DownloadWatch("org/model", folder, total=None, interval=0.05).start()
+        time.sleep(0.2)  # the folder does not grow: nothing to say
+        assert not caplog.records
+        (folder / "blobs" / "next.incomplete").write_bytes(b"x" * 50)
+        deadline = time.monotonic() + 5
+        while not caplog.records and time.monotonic() < deadline:
+            time.sleep(0.05)
+        watch.stop()
+    assert caplog.records and caplog.records[0].getMessage().startswith("downloading org/model: 150 B")
+    assert watch.status() is not None and watch.status()["bytes"] == 150

@@ -180,11 +180,15 @@ class DownloadWatch:
         return self.last.status() if self.last is not None else None
 
     def _run(self) -> None:
-        shown = -1
+        # What is on disk already (a relaunch, a download cut short) is not progress: a line is logged
+        # only when the folder grows, so a launch whose model is all there says nothing.
+        shown = bytes_on_disk(self.folder)
+        if self.total is not None and shown >= self.total:
+            return
         while not self._stop.wait(self.interval):
             done = bytes_on_disk(self.folder)
             self.last = next_reading(self.last, done, self.total, self.clock(), self._started)
-            if done != shown:
+            if done > shown:
                 log.info("%s", progress_line(self.repo, self.last))
                 shown = done
             if self.total is not None and done >= self.total:
