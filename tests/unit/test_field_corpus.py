@@ -4,15 +4,24 @@ The excerpts in tests/field/startup_failures/ are verbatim machine output copied
 issue threads and pages (URL, vLLM version and backend in the manifests), across vLLM 0.6 to
 0.32, V0 and V1, several backends, and wrapped the ways logs arrive (process prefixes,
 timestamps, quotes, gutters, hard wraps). Each manifest row fixed its split (a third held out
-by a hash of the file name) before any rule was tuned on the rest; README.md beside the corpus
-records the measurements (the first held-out measurement, and a fresh batch measured unseen).
+by a hash of the file name) before any rule was tuned on the rest.
+
+The figures are reported by what they are, each with its own threshold:
+- dev: the split of the first batches the rules were tuned on;
+- held out: the other third of those batches, measured unseen once (63/68) and opened since
+  (its misses were generalised into rules), so no longer an unseen measurement;
+- each batch collected after the rules were tuned (`new` today): measured once before any
+  rule changed (that figure is in `MEASURED_ONCE` and README.md); what it scores now is
+  printed beside it. A future batch gets its own manifest and its own entry.
 
 Handled right means: a memory cause is a `memory_shortfall()` with a message; memory held by
 others and profiling races are named as such; a cause the user fixes with a variable is named
-and its message names that variable; a negative (a fault of the host, a missing library,
-unreadable model files, anything else) is never called out of memory, and a host fault is
-named as one (it gets one in-place relaunch). Every row is answered: `explain` never returns
-None, so no failure ends in an exit.
+and its message names that variable. For the negatives (faults that are not out of memory)
+two figures are kept apart: "not called out of memory" (every one of them), and "named": a host
+fault, a missing library or unreadable model files (a broken config, tokenizer or checkpoint)
+named as such. A negative labelled `other` has no kind to be named with; it is handled right
+when it is not called out of memory and is answered with vLLM's own root line. Every row is
+answered: `explain` never returns None, so no failure ends in an exit.
 """
 
 from __future__ import annotations
@@ -53,6 +62,12 @@ FIXED_BY = {
     "disk_full": ("disk",),
 }
 NEGATIVE = {"host_fault", "missing_library", "config_parse", "other"}
+# The kind a negative is named with; `other` has none.
+NAMED_AS = {"host_fault": "host_fault", "missing_library": "missing_library", "config_parse": "model_files_broken"}
+# Batches collected after the rules were tuned: (right, cases) of their one measurement before any
+# rule changed (README.md). Issue 19's rules were written while its unknown negatives were read,
+# so `new` is no longer unseen either; its figure now is printed beside this one.
+MEASURED_ONCE = {"new": (39, 40)}
 # The collectors' label "offline_not_cached" covers "switched off" and "no connection"; the worker
 # tells them apart (HF_HUB_OFFLINE is the fix of one, not of the other).
 ALSO_RIGHT = {"offline_not_cached": {"hub_unreachable"}}
@@ -66,6 +81,12 @@ class Case:
     version: str
     backend: str
     split: str
+    batch: str
+
+    @property
+    def group(self) -> str:
+        """Where its figure is reported: its batch when that was measured once unseen, else its split."""
+        return self.batch if self.batch in MEASURED_ONCE else self.split
 
 
 def held_out(file: str) -> bool:
@@ -75,10 +96,11 @@ def held_out(file: str) -> bool:
 def load_cases() -> list[Case]:
     cases: list[Case] = []
     for manifest in sorted(CORPUS.glob("manifest_*.tsv")):
+        batch = manifest.stem.removeprefix("manifest_")
         with manifest.open(newline="") as handle:
             for row in csv.DictReader(handle, delimiter="\t"):
                 cases.append(
-                    Case(row["file"], row["label"], row["url"], row["vllm_version"], row["backend"], row["split"])
+                    Case(row["file"], row["label"], row["url"], row["vllm_version"], row["backend"], row["split"], batch)
                 )
     return cases
 
@@ -99,8 +121,10 @@ def judge(case: Case) -> tuple[bool, str]:
         return False, f"called out of memory ({diagnosis.kind})"
     if case.label in NAMED:
         return diagnosis.kind == case.label, f"named {diagnosis.kind}"
+    if case.label in NAMED_AS:
+        return diagnosis.kind == NAMED_AS[case.label], f"not named: {diagnosis.kind}: {diagnosis.message[:160]}"
     if case.label in NEGATIVE:
-        return True, ""
+        return bool(diagnosis.evidence), "answered without vLLM's root line"
     if diagnosis.kind != case.label and diagnosis.kind not in ALSO_RIGHT.get(case.label, ()):
         return False, f"named {diagnosis.kind}: {diagnosis.message[:160]}"
     words = FIXED_BY[case.label] or ((diagnosis.variable,) if diagnosis.variable else ())
@@ -125,40 +149,86 @@ def test_the_corpus_is_large_and_its_manifests_are_whole() -> None:
     assert {"cuda", "rocm", "cpu"} <= {case.backend for case in CASES}
 
 
-def test_corpus_handled_right_on_the_held_out_third_and_on_the_whole(capsys: pytest.CaptureFixture[str]) -> None:
+GROUPS = ("dev", "heldout", *MEASURED_ONCE)
+HEADINGS = {"dev": "dev", "heldout": "held out*"} | {batch: batch for batch in MEASURED_ONCE}
+
+
+def test_corpus_handled_right_on_dev_on_the_opened_held_out_and_on_each_batch_measured_once(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     table: dict[str, Counter[str]] = defaultdict(Counter)
     failures: list[str] = []
     for case in CASES:
         right, why = judge(case)
-        table[case.label][f"{case.split}_total"] += 1
-        table[case.label][f"{case.split}_right"] += int(right)
+        table[case.label][f"{case.group}_total"] += 1
+        table[case.label][f"{case.group}_right"] += int(right)
         if not right:
-            failures.append(f"{case.split:7} {case.label:25} {case.file}: {why}")
+            failures.append(f"{case.group:7} {case.label:25} {case.file}: {why}")
     totals: Counter[str] = Counter()
-    lines = [f"{'label':26} {'dev':>9} {'held out':>9} {'all':>9}"]
+    lines = [f"{'label':26} " + " ".join(f"{HEADINGS[group]:>10}" for group in GROUPS) + f" {'all':>10}"]
     for label in sorted(table):
-        row = table[label]
-        totals.update(row)
-        lines.append(_row(label, row))
+        totals.update(table[label])
+        lines.append(_row(label, table[label]))
     lines.append(_row("ALL", totals))
+    lines.append("* held out: measured unseen once (63/68, README.md), opened since: rules were generalised for its misses")
+    for batch, (right, total) in MEASURED_ONCE.items():
+        lines.append(f"  {batch}: measured once before any rule changed: {right}/{total}; now {_cell(totals, batch)}")
     with capsys.disabled():
         print("\nfield corpus, handled right / cases:\n" + "\n".join(lines))
         if failures:
             print("not handled right:\n" + "\n".join(failures))
-    for split in ("heldout", "dev"):
-        assert totals[f"{split}_right"] >= THRESHOLD * totals[f"{split}_total"], split
-    assert totals["heldout_right"] + totals["dev_right"] >= THRESHOLD * (totals["heldout_total"] + totals["dev_total"])
+    for group in GROUPS:
+        assert totals[f"{group}_total"] > 0, group
+        assert totals[f"{group}_right"] >= THRESHOLD * totals[f"{group}_total"], group
+    for batch, (right, total) in MEASURED_ONCE.items():
+        assert right >= THRESHOLD * total, batch
+        assert totals[f"{batch}_total"] == total, f"batch {batch} changed size after its measurement"
+
+
+def test_negatives_are_never_called_out_of_memory_and_those_with_a_kind_are_named(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    not_oom: Counter[str] = Counter()
+    named: Counter[str] = Counter()
+    cases: Counter[str] = Counter()
+    unnamed: list[str] = []
+    for case in CASES:
+        if case.label not in NEGATIVE:
+            continue
+        text = (CORPUS / case.file).read_bytes().decode("utf-8", errors="replace")
+        diagnosis = explain(text, exit_code=1)
+        cases[case.label] += 1
+        not_oom[case.label] += int(not memory_shortfall(text) and diagnosis.kind != "memory_shortfall")
+        is_named = diagnosis.kind == NAMED_AS.get(case.label, "") or (
+            case.label == "other" and diagnosis.kind != "unknown"
+        )
+        named[case.label] += int(is_named)
+        if not is_named:
+            unnamed.append(f"{case.label:16} {case.file}: {diagnosis.evidence[:120]}")
+    lines = [f"{'negative label':18} {'cases':>6} {'not called OOM':>15} {'named':>6}"]
+    for label in sorted(cases):
+        lines.append(f"{label:18} {cases[label]:>6} {not_oom[label]:>15} {named[label]:>6}")
+    lines.append(f"{'ALL':18} {sum(cases.values()):>6} {sum(not_oom.values()):>15} {sum(named.values()):>6}")
+    with capsys.disabled():
+        print("\nfield corpus negatives (named: the kind of its label; `other` has none, named = not unknown):")
+        print("\n".join(lines))
+        if unnamed:
+            print("answered as unknown (with vLLM's root line):\n" + "\n".join(unnamed))
+    assert not_oom == cases
+    with_kind = [label for label in cases if label in NAMED_AS]
+    assert sum(named[label] for label in with_kind) >= THRESHOLD * sum(cases[label] for label in with_kind)
+
+
+def _cell(row: Counter[str], group: str) -> str:
+    right, total = row[f"{group}_right"], row[f"{group}_total"]
+    return f"{right}/{total}" if total else "-"
 
 
 def _row(label: str, row: Counter[str]) -> str:
-    def cell(right: int, total: int) -> str:
-        return f"{right}/{total}" if total else "-"
-
-    return (
-        f"{label:26} {cell(row['dev_right'], row['dev_total']):>9} "
-        f"{cell(row['heldout_right'], row['heldout_total']):>9} "
-        f"{cell(row['dev_right'] + row['heldout_right'], row['dev_total'] + row['heldout_total']):>9}"
+    everything = Counter(
+        {"all_right": sum(row[f"{g}_right"] for g in GROUPS), "all_total": sum(row[f"{g}_total"] for g in GROUPS)}
     )
+    return f"{label:26} " + " ".join(f"{_cell(row, group):>10}" for group in GROUPS) + f" {_cell(everything, 'all'):>10}"
 
 
 @pytest.mark.parametrize("case", [case for case in CASES if case.label in NEGATIVE], ids=lambda case: case.file)

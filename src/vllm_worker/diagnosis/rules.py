@@ -478,7 +478,47 @@ RULES: tuple[Rule, ...] = (
         seen="Python import errors and the dynamic loader",
         scope="root",
     ),
+    Rule(
+        "missing_library",
+        r"'_OpNamespace' '_\w*C\w*' object has no attribute",
+        "compiled_ops",
+        seen="torch/_ops.py _OpNamespace.__getattr__: an op of vLLM's compiled extension (_C, _C_utils, _moe_C) "
+        "is missing, the extension was built for another platform or not at all",
+        scope="root",
+    ),
+    Rule(
+        "missing_library",
+        r"DeepGEMM backend is (?:not available or outdated|unavailable)"
+        r"|requires the CUDA flash attention extensions|libcuda\.so cannot found",
+        seen="vllm/utils/deep_gemm.py _missing (\"not available or outdated\" to 0.2x, \"unavailable in the current "
+        "vLLM environment\" in 0.32); vllm/vllm_flash_attn/__init__.py; triton backends/nvidia/driver.py libcuda_dirs",
+        scope="root",
+    ),
+    # The compiler and linker print these on their own lines, before the Python error that wraps
+    # them (a triton or Inductor build step); weak, so a named cause in the same output wins.
+    Rule(
+        "missing_library",
+        r"fatal error: '?[\w./+-]+\.h'?(?:: No such file or directory| file not found)"
+        r"|\bld(?:\.\w+)?: cannot find -l[\w.+-]+",
+        "toolchain",
+        weak=True,
+        seen="GCC and clang for a missing header, GNU ld for a missing library (wordings checked with gcc 12/binutils)",
+    ),
+    Rule(
+        "missing_library",
+        r"CalledProcessError: Command '\['[^']*?\b(?:gcc|g\+\+|cc|c\+\+|clang(?:\+\+)?)'",
+        "toolchain",
+        weak=True,
+        seen="torch/_inductor and triton's runtime build: the C compiler of the image failed on a generated file",
+    ),
     # --- the model's files cannot be read ----------------------------------------------------------
+    # The safetensors binding's wording, also when vLLM logs it as an ERROR line instead of the root.
+    Rule(
+        "model_files_broken",
+        r"Error while deserializing header: \w+",
+        seen="safetensors (Rust binding, all versions; 0.8 checked): SafeTensorError variants such as "
+        "InvalidHeaderDeserialization, MetadataIncompleteBuffer, HeaderTooLarge",
+    ),
     Rule(
         "model_files_broken",
         r"SafetensorError|Error while deserializing header|HeaderTooLarge|incomplete metadata, file not fully covered"
@@ -486,6 +526,21 @@ RULES: tuple[Rule, ...] = (
         r"|does not appear to have a file named|Can't load the configuration of|is not a valid JSON file"
         r"|Error parsing line|UnicodeDecodeError: 'utf-8' codec can't decode",
         seen="safetensors, json, transformers loading (all versions)",
+        scope="root",
+    ),
+    Rule(
+        "model_files_broken",
+        r"Failed to load the tokenizer|No tokenizer file found",
+        "tokenizer",
+        seen="vllm transformers_utils/tokenizer.py get_tokenizer (0.1-0.x; 0.32's trust_remote_code variant is matched "
+        "by that rule first); mistral_common tokens/tokenizers/utils.py and transformers tokenization_mistral_common.py",
+        scope="root",
+    ),
+    Rule(
+        "model_files_broken",
+        r"^(?:jinja2\.exceptions\.)?Template(?:Syntax|Assertion)Error: ",
+        "chat_template",
+        seen="jinja2/exceptions.py: the chat template (the model's tokenizer_config.json or CHAT_TEMPLATE) does not parse",
         scope="root",
     ),
 )

@@ -279,6 +279,8 @@ def _model_files_broken(ctx: Context) -> Diagnosis:
         "if a download was interrupted, delete the model's folder from the cache or network volume so it is "
         "downloaded again",
     ]
+    if ctx.hits[-1].rule.detail == "chat_template":
+        fixes.insert(0, "if CHAT_TEMPLATE is set, correct or unset it; otherwise set CHAT_TEMPLATE to a template that parses")
     return Diagnosis(
         kind="model_files_broken",
         message=compose(cause, ctx.tried, fixes),
