@@ -5,11 +5,18 @@ model, card, settings, vLLM version, URL and a dev/held-out split) and the model
 config.json files (configs/SOURCES.tsv gives where each was found). For every boot with a
 config and a known card, the worker's own `plan()` predicts the "GPU KV cache size: N
 tokens" vLLM logged, from that boot's settings and its vLLM version's budgeting
-(`budget_versions.budgeting_for`); the error table is printed and the acceptance holds
-on the held-out boots and on the whole: median <= 3 %, worst <= 8 %.
+(`budget_versions.budgeting_for`); the error table is printed by what each figure is.
 
-Nothing here is fitted: the figures in budget_versions and memory_budget were fitted on
-the dev boots only (docs/capacity.md), and the held-out boots were not looked at for it.
+The acceptance (median <= 3 %, worst <= 8 %) is held on the held-out boots whose card is
+logged or named. For a boot whose card is only a class "by arithmetic" (`card_known`
+"class"), the card was chosen from that boot's own weights and logged KV memory, so
+predicting its KV figure is partly circular: those boots are printed apart, held-out and
+dev alike. The same limits on the whole set check the fit, not its accuracy.
+
+The figures in budget_versions and memory_budget were fitted on dev boots only: every boot
+their comments cite, and every boot docs/capacity.md's "Fitted on" columns name, is a dev
+boot here, and the two name the same boots. Two boots first held out (014, 018) had been
+used for fitting; they were moved to dev (the manifest's notes say so).
 
 What the manifest does not say in a form a program can read is in `BOOTS` below, each
 with its source: the card's CUDA total where the log does not print it (the card table
@@ -218,12 +225,20 @@ def table(results: list[Result]) -> str:
     return "\n".join(lines)
 
 
+HELD_OUT = "held-out, card logged or named"
+
+
 def subsets(results: list[Result]) -> dict[str, list[Result]]:
+    """The sets the table reports; only HELD_OUT is evidence of accuracy."""
+    def circular(r: Result) -> bool:
+        return r.card_known == "class"
+
     return {
-        "held-out": [r for r in results if r.split == "heldout"],
-        "dev": [r for r in results if r.split == "dev"],
-        "card logged or named": [r for r in results if r.card_known != "class"],
-        "all": results,
+        HELD_OUT: [r for r in results if r.split == "heldout" and not circular(r)],
+        "held-out, card inferred from its own KV (circular)": [r for r in results if r.split == "heldout" and circular(r)],
+        "dev, card logged or named": [r for r in results if r.split == "dev" and not circular(r)],
+        "dev, card inferred from its own KV (circular)": [r for r in results if r.split == "dev" and circular(r)],
+        "all (a check of the fit)": results,
     }
 
 
@@ -237,12 +252,12 @@ def test_every_boot_is_predicted_or_skipped_with_a_reason() -> None:
         assert rows[boot_id]["split"] in ("dev", "heldout")
 
 
-@pytest.mark.parametrize("subset", ["held-out", "all"])
-def test_kv_tokens_within_3_percent_median_and_8_percent_worst(results: list[Result], subset: str) -> None:
+@pytest.mark.parametrize(("subset", "least"), [(HELD_OUT, 4), ("all (a check of the fit)", 30)])
+def test_kv_tokens_within_3_percent_median_and_8_percent_worst(results: list[Result], subset: str, least: int) -> None:
     report = table(results)
     print("\n" + report)
     chosen = subsets(results)[subset]
-    assert len(chosen) >= 10
+    assert len(chosen) >= least
     errors = [abs(r.error) for r in chosen]
     assert statistics.median(errors) <= MEDIAN_LIMIT, report
     assert max(errors) <= WORST_LIMIT, report
@@ -277,3 +292,55 @@ def test_every_config_has_its_provenance() -> None:
     for path in (BOOTS_DIR / "configs").glob("*.json"):
         assert path.name in sources and sources[path.name]["url_or_repo_path"] != "none", path.name
         json.loads(path.read_text())
+
+
+# A boot number in the capacity code's comments or in the docs' "Fitted on" columns.
+_BOOT_NUMBER = re.compile(r"\b0[0-4]\d\b")
+CAPACITY_CODE = Path(__file__).resolve().parents[2] / "src" / "vllm_worker" / "capacity"
+CAPACITY_DOC = Path(__file__).resolve().parents[2] / "docs" / "capacity.md"
+
+
+def boots_cited_in_code() -> set[str]:
+    return {n for path in CAPACITY_CODE.glob("*.py") for n in _BOOT_NUMBER.findall(path.read_text())}
+
+
+def boots_fitted_on_in_docs() -> set[str]:
+    """The boot numbers in the "Fitted on" column of every table of docs/capacity.md that has one."""
+    found: set[str] = set()
+    column = None
+    for line in CAPACITY_DOC.read_text().splitlines():
+        if not line.startswith("|"):
+            column = None
+            continue
+        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        if "Fitted on" in cells:
+            column = cells.index("Fitted on")
+        elif column is not None and len(cells) > column:
+            found |= set(_BOOT_NUMBER.findall(cells[column]))
+    return found
+
+
+def test_every_boot_a_fitted_figure_came_from_is_a_dev_boot_and_code_and_docs_name_the_same() -> None:
+    rows = manifest()
+    cited, documented = boots_cited_in_code(), boots_fitted_on_in_docs()
+    assert cited and documented
+    assert {b for b in cited | documented if rows[b]["split"] != "dev"} == set()
+    assert cited == documented, (sorted(cited - documented), sorted(documented - cited))
+
+
+def test_the_error_band_holds_every_dev_boots_kv_memory(results: list[Result]) -> None:
+    """docs/capacity.md, "Error band": the margins are the smallest round figures that hold every dev boot."""
+    lines, outside = [], []
+    for r in results:
+        if r.engine.kv_cache_bytes is None:
+            continue
+        low = r.plan.kv_cache_bytes - r.plan.conservative_margin_bytes
+        high = r.plan.kv_cache_bytes + r.plan.margin_bytes
+        inside = low <= r.engine.kv_cache_bytes <= high
+        gap = 0.0 if inside else min(abs(r.engine.kv_cache_bytes - low), abs(r.engine.kv_cache_bytes - high)) / GiB
+        lines.append(f"{r.boot} {r.split:7} {r.card_known:6} logged {r.engine.kv_cache_bytes / GiB:7.2f} GiB, band "
+                     f"{low / GiB:7.2f} to {high / GiB:7.2f}" + ("" if inside else f"  OUTSIDE by {gap:.2f} GiB"))
+        if not inside:
+            outside.append(r)
+    print("\n" + "\n".join(lines))
+    assert [r.boot for r in outside if r.split == "dev"] == []
