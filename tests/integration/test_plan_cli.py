@@ -14,7 +14,6 @@ import re
 import struct
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Iterator
 
@@ -196,13 +195,13 @@ def test_startup_plan_reuses_the_preflight_counts(hub: HubStub) -> None:
 
 
 def test_startup_plan_never_blocks_the_boot(hub: HubStub) -> None:
-    hub.hang(times=None)
+    hub.hang(times=None)  # the Hub accepts config.json's request and never answers it
     env = {"MODEL_NAME": LLAMA, "HF_ENDPOINT": hub.endpoint, "HF_TOKEN": TOKEN}
-    started = time.monotonic()
     sp = capacity.startup_plan(LaunchProfile.parse(env), 24 * GiB, 30, safetensors_parameters=LLAMA_31_8B_PARAMS, timeout=0.5)
-    assert time.monotonic() - started < 30
+    # It returned although the request it made is still unanswered: it gave up on its own timeout.
+    assert [r.path for r in model_requests(hub)] == [f"/{LLAMA}/resolve/main/config.json"]
     assert sp.status == "unknown" and sp.overrides == {} and sp.fatal_message is None
-    assert "launching as configured" in sp.log_line and TOKEN not in sp.log_line
+    assert sp.log_line == "capacity plan unavailable (timed out); launching as configured"
 
 
 def test_startup_plan_for_a_gated_model_without_access_is_unknown(hub: HubStub) -> None:

@@ -13,8 +13,11 @@ import pytest
 from tests.support import vllm_texts as t
 from tests.support.vllm_texts import vllm_log
 from vllm_worker.engine import monitor
-from vllm_worker.diagnosis import runtime
 from vllm_worker.diagnosis.verdict import Failure
+from vllm_worker.config import settings as settings_mod
+from vllm_worker.engine.launcher import Attempt
+from vllm_worker.engine.monitor import EngineMonitor
+from vllm_worker.serving.handler import WorkerState
 from vllm_worker.engine.ladder import MAX_RESTARTS, RESTART_WINDOW_S, restart_allowed, restart_budget_phrase
 from vllm_worker.diagnosis.runtime import ENGINE_DEAD_TEXT, RUNTIME_KINDS, SERVING_MARKER, runtime_failure
 
@@ -197,7 +200,82 @@ def test_a_secret_in_the_engines_last_words_is_masked() -> None:
     assert "Bearer ***" in d.message
 
 
+class _DeadEngine:
+    """An engine process that has already exited with `code`, its output's tail being `tail`."""
+
+    host, port, stopping = "127.0.0.1", 1, False
+
+    def __init__(self, tail: str, code: int) -> None:
+        self._tail, self.returncode, self.stopped = tail, code, False
+
+    def watch(self, on_exit) -> None:  # type: ignore[no-untyped-def]
+        on_exit(self.returncode)
+
+    def alive(self) -> bool:
+        return False
+
+    def tail(self) -> str:
+        return self._tail
+
+    def stop(self, grace: float) -> None:
+        self.stopped = True
+
+    def kill(self) -> None:
+        self.stopped = True
+
+
+class _Launcher:
+    """Records what the monitor relaunches; the worker is shutting down by then, so the attempt stops."""
+
+    count = 1
+
+    def __init__(self) -> None:
+        self.profiles: list[object] = []
+
+    def attempt(self, profile, extra):  # type: ignore[no-untyped-def]
+        self.profiles.append(profile)
+        return Attempt("stopped", {"launch": 2, **extra})
+
+
+def _death_told_by_the_monitor(tail: str, code: int, env: dict[str, str]) -> tuple[WorkerState, _Launcher]:
+    """The monitor's own watch-and-recover loop over an engine that died while serving."""
+    state = WorkerState(served_model_name="m")
+    state.mark_ready()
+    launcher = _Launcher()
+    supervisor = type("Supervisor", (), {"stopping": False, "engine": None})()
+    watcher = EngineMonitor(
+        supervisor,  # type: ignore[arg-type]
+        settings_mod.load(env),
+        state,
+        env,
+        [{"launch": 1, "outcome": "ready", "profile": "as configured"}],
+        None,
+        launcher=launcher,  # type: ignore[arg-type]
+        device_total_bytes=80 * 2**30,
+    )
+    engine = _DeadEngine(tail, code)
+    watcher._run(engine)  # type: ignore[arg-type]  # the thread's target, run here to its end
+    assert engine.stopped
+    return state, launcher
+
+
 def test_in_flight_jobs_are_told_the_cause_and_that_the_engine_restarts() -> None:
-    sentence = f"{runtime_failure(Failure.of(GPU_OOM_SERVING, env={}, exit_code=1)).message} {runtime.RESTARTING}"
-    assert sentence.endswith("The worker is restarting the engine with the same settings; retry the request.")
-    assert "\n" not in sentence
+    env = {"MODEL_NAME": "acme/m", "MAX_CONCURRENCY": "30"}
+    state, launcher = _death_told_by_the_monitor(died_serving("ValueError: boom"), -9, env)
+    # Running jobs read `death` once `deaths` moves; new ones wait for `ready`.
+    assert state.deaths == 1 and not state.ready.is_set()
+    assert state.death == (
+        "The engine was killed by signal 9 (SIGKILL) while serving requests; its last error was: ValueError: boom. "
+        "The worker is restarting the engine with the same settings; retry the request."
+    )
+    assert len(launcher.profiles) == 1 and state.status["causes"] == ["engine_died"]
+
+
+def test_after_an_out_of_memory_death_in_flight_jobs_are_told_the_ladders_next_step() -> None:
+    env = {"MODEL_NAME": "acme/m", "MAX_CONCURRENCY": "30", "MAX_NUM_SEQS": "128"}
+    state, launcher = _death_told_by_the_monitor(GPU_OOM_SERVING, 1, env)
+    assert state.deaths == 1 and state.death is not None
+    cause = runtime_failure(Failure.of(GPU_OOM_SERVING, env=env, exit_code=1)).message
+    assert state.death == f"{cause} The worker is restarting the engine with MAX_NUM_SEQS=32; retry the request."
+    assert "same settings" not in state.death and "\n" not in state.death
+    assert state.status["causes"] == ["runtime_oom"] and state.status["profile"] != "as configured"
