@@ -15,9 +15,7 @@ import pytest
 
 from tests.support.hub_stub import HubStub, StubRepo
 from vllm_worker.config.profile import LaunchProfile
-from vllm_worker.diagnosis import hub_messages
 from vllm_worker.model import preflight
-from vllm_worker.diagnosis import startup_errors
 
 TOKEN_WITH_ACCESS = "hf_withaccess0123456789"
 TOKEN_WITHOUT_ACCESS = "hf_noaccess0123456789"
@@ -85,7 +83,11 @@ def test_nonexistent_repo(hub: HubStub, token: str | None, caplog: pytest.LogCap
     result = preflight.run(LaunchProfile.parse(env))
     assert not result.ok
     assert result.kind == preflight.REPO_NOT_FOUND
-    assert result.message == hub_messages.repo_not_found_message("org/does-not-exist", "MODEL_NAME")
+    assert result.message == (
+        "MODEL_NAME='org/does-not-exist' was not found on the Hugging Face Hub: check the spelling "
+        "(owner/name, case-sensitive); if the repository is private, set HF_TOKEN to a token of an "
+        "account that can read it."
+    )
     assert [r.status for r in hub.requests] == [404 if token else 401]
     assert_no_secret(result, caplog)
 
@@ -93,14 +95,21 @@ def test_nonexistent_repo(hub: HubStub, token: str | None, caplog: pytest.LogCap
 def test_malformed_repo_id_is_not_found_without_a_call(hub: HubStub) -> None:
     result = preflight.run(LaunchProfile.parse(env_for(hub, MODEL_NAME="org/with space")))
     assert (result.ok, result.kind) == (False, preflight.REPO_NOT_FOUND)
-    assert result.message == hub_messages.repo_not_found_message("org/with space")
+    assert result.message == (
+        "MODEL_NAME='org/with space' was not found on the Hugging Face Hub: check the spelling "
+        "(owner/name, case-sensitive); if the repository is private, set HF_TOKEN to a token of an "
+        "account that can read it."
+    )
     assert hub.requests == []
 
 
 def test_gated_without_token(hub: HubStub) -> None:
     result = preflight.run(LaunchProfile.parse(env_for(hub, MODEL_NAME="org/gated")))
     assert (result.ok, result.kind) == (False, preflight.GATED_REPO)
-    assert result.message == hub_messages.gated_repo_message("org/gated", "MODEL_NAME", token_set=False)
+    assert result.message == (
+        "MODEL_NAME='org/gated' is a gated repository and HF_TOKEN is not set: accept the model's terms "
+        "at https://huggingface.co/org/gated and set HF_TOKEN to a read token of that account."
+    )
     assert [r.path for r in hub.requests] == ["/api/models/org/gated"]
 
 
@@ -118,7 +127,11 @@ def test_gated_with_a_token_that_has_access(hub: HubStub, caplog: pytest.LogCapt
 def test_gated_with_a_token_without_access(hub: HubStub, caplog: pytest.LogCaptureFixture) -> None:
     result = preflight.run(LaunchProfile.parse(env_for(hub, MODEL_NAME="org/gated", HF_TOKEN=TOKEN_WITHOUT_ACCESS)))
     assert (result.ok, result.kind) == (False, preflight.GATED_REPO)
-    assert result.message == hub_messages.gated_repo_message("org/gated", "MODEL_NAME", token_set=True)
+    assert result.message == (
+        "MODEL_NAME='org/gated' is a gated repository and the account of HF_TOKEN has not been granted "
+        "access: accept the model's terms at https://huggingface.co/org/gated with that account (approval "
+        "can take a while), or use a token of an account that has access."
+    )
     assert [r.status for r in hub.calls("/api/models/org/gated/auth-check")] == [403]
     assert_no_secret(result, caplog)
 
@@ -132,7 +145,11 @@ def test_legacy_token_variable_is_honoured(hub: HubStub) -> None:
 def test_private_repo_without_token_reads_as_not_found(hub: HubStub) -> None:
     result = preflight.run(LaunchProfile.parse(env_for(hub, MODEL_NAME="org/private")))
     assert (result.ok, result.kind) == (False, preflight.REPO_NOT_FOUND)
-    assert result.message == hub_messages.repo_not_found_message("org/private")
+    assert result.message == (
+        "MODEL_NAME='org/private' was not found on the Hugging Face Hub: check the spelling (owner/name, "
+        "case-sensitive); if the repository is private, set HF_TOKEN to a token of an account that can "
+        "read it."
+    )
     assert [r.status for r in hub.requests] == [401]
 
 
@@ -145,21 +162,31 @@ def test_private_repo_with_a_token_that_can_read_it(hub: HubStub) -> None:
 def test_rejected_token(hub: HubStub, caplog: pytest.LogCaptureFixture) -> None:
     result = preflight.run(LaunchProfile.parse(env_for(hub, MODEL_NAME="org/public", HF_TOKEN="hf_unknown0123456789")))
     assert (result.ok, result.kind) == (False, preflight.UNAUTHORIZED)
-    assert result.message == hub_messages.unauthorized_message("org/public", "MODEL_NAME", token_set=True)
+    assert result.message == (
+        "The Hugging Face Hub rejected HF_TOKEN while fetching MODEL_NAME='org/public': the token is "
+        "invalid, expired or revoked; set HF_TOKEN to a valid read token."
+    )
     assert_no_secret(result, caplog)
 
 
 def test_bad_model_revision(hub: HubStub) -> None:
     result = preflight.run(LaunchProfile.parse(env_for(hub, MODEL_NAME="org/public", MODEL_REVISION="no-such-rev")))
     assert (result.ok, result.kind) == (False, preflight.REVISION_NOT_FOUND)
-    assert result.message == hub_messages.revision_not_found_message("org/public", "no-such-rev", "MODEL_REVISION")
+    assert result.message == (
+        "MODEL_REVISION='no-such-rev' does not exist in 'org/public': set it to an existing branch, tag "
+        "or commit of that repository, or unset it to use the default branch."
+    )
     assert [r.path for r in hub.requests] == ["/api/models/org/public/revision/no-such-rev"]
 
 
 def test_bad_tokenizer_name(hub: HubStub) -> None:
     result = preflight.run(LaunchProfile.parse(env_for(hub, MODEL_NAME="org/public", TOKENIZER_NAME="org/no-tokenizer")))
     assert (result.ok, result.kind) == (False, preflight.REPO_NOT_FOUND)
-    assert result.message == hub_messages.repo_not_found_message("org/no-tokenizer", "TOKENIZER_NAME")
+    assert result.message == (
+        "TOKENIZER_NAME='org/no-tokenizer' was not found on the Hugging Face Hub: check the spelling "
+        "(owner/name, case-sensitive); if the repository is private, set HF_TOKEN to a token of an "
+        "account that can read it."
+    )
     assert [r.path for r in hub.requests] == ["/api/models/org/public", "/api/models/org/no-tokenizer"]
 
 
@@ -167,7 +194,10 @@ def test_bad_tokenizer_revision(hub: HubStub) -> None:
     env = env_for(hub, MODEL_NAME="org/public", TOKENIZER_NAME="org/tokenizer", TOKENIZER_REVISION="nope")
     result = preflight.run(LaunchProfile.parse(env))
     assert (result.ok, result.kind) == (False, preflight.REVISION_NOT_FOUND)
-    assert result.message == hub_messages.revision_not_found_message("org/tokenizer", "nope", "TOKENIZER_REVISION")
+    assert result.message == (
+        "TOKENIZER_REVISION='nope' does not exist in 'org/tokenizer': set it to an existing branch, tag "
+        "or commit of that repository, or unset it to use the default branch."
+    )
     assert "TOKENIZER_REVISION" in result.message
 
 
