@@ -2,6 +2,9 @@
 
 Engine tests skip on a developer's machine without `.venv-engine`; in CI that
 environment is built by `make test`, so a skip there means something is broken.
+A skip at collection (a module-level `pytest.importorskip` or `pytest.skip(...,
+allow_module_level=True)`) would drop a whole file without a test report, so it is a
+failure too (tests/unit/test_ci_hook.py runs both cases in a child pytest).
 """
 
 from __future__ import annotations
@@ -19,3 +22,12 @@ def pytest_runtest_logreport(report: pytest.TestReport):  # type: ignore[no-unty
         report.outcome = "failed"
         report.longrepr = f"skipped under CI=true, which counts as a failure: {report.longrepr}"
     yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector: pytest.Collector):  # type: ignore[no-untyped-def]
+    outcome = yield
+    report = outcome.get_result()
+    if IN_CI and report.skipped:
+        report.outcome = "failed"
+        report.longrepr = f"skipped at collection under CI=true, which counts as a failure: {report.longrepr}"
