@@ -3,7 +3,8 @@
 A stuck kernel or a deadlocked collective leaves the engine alive and silent; SIGSTOP of its
 whole process group (API server, engine core, worker) is that, made real on the CPU engine.
 Through the worker process and the runpod SDK: the job running at the hang is answered with
-the hang within ENGINE_HANG_TIMEOUT + 10 s, the engine is killed and relaunched in place, a
+the hang as soon as it is called (before the relaunched engine is ready; how long that takes
+is printed, not asserted), the engine is killed and relaunched in place, a
 later job is served, and the status job shows the restart and its cause. Then the new engine
 is stopped the same way and the worker gets SIGTERM: it must exit leaving no engine process,
 stopped or not.
@@ -69,6 +70,7 @@ def test_a_stopped_engine_is_killed_and_relaunched_and_a_sigterm_during_a_hang_l
             stopped_at = time.monotonic()
             answer = cp.result(job, timeout=HANG_TIMEOUT + 60)
             answered_after = time.monotonic() - stopped_at
+            log_at_answer = worker.log()
 
             served = cp.result(cp.submit({"prompt": "Hello", "max_tokens": 4, "ignore_eos": True}), timeout=engine_env.BOOT_TIMEOUT)
             [status] = cp.result(cp.submit({"route": "/worker/status"}), timeout=60)["output"]
@@ -89,7 +91,9 @@ def test_a_stopped_engine_is_killed_and_relaunched_and_a_sigterm_during_a_hang_l
     assert set(answer) == {"error"}, answer
     assert answer["error"].startswith("The engine stopped answering while serving: its health check gave no answer")
     assert "ENGINE_HANG_TIMEOUT" in answer["error"] and "retry the request" in answer["error"]
-    assert answered_after <= HANG_TIMEOUT + 10, answered_after
+    # Answered when the hang was called, before the relaunched engine was ready (not after the restart).
+    assert "the engine stopped while serving: The engine stopped answering" in log_at_answer
+    assert "engine ready again after restart" not in log_at_answer
     print(f"the job running at the hang was answered {answered_after:.1f} s after SIGSTOP")
 
     assert "error" not in served, served
