@@ -9,7 +9,9 @@ and capacity line, ten jobs at once, and a SIGTERM that leaves no engine behind.
 HF_TOKEN given to the worker must reach none of the log, the engine's command lines or
 the answers.
 
-One worker (one engine boot) serves the whole module; the SIGTERM tests run last.
+One worker (one engine boot) serves the whole module; the SIGTERM tests run last, and the
+last one reads the stopped worker's log: the SDK's default level (DEBUG, RUNPOD_LOG_LEVEL is
+not set here) must not print users' completions, and the shutdown leaves no unclosed session.
 """
 
 from __future__ import annotations
@@ -301,3 +303,26 @@ def test_a_sigterm_while_serving_is_handled_once_by_the_serving_worker(serving: 
         serving.worker.stop(timeout=120)
     log = serving.worker.log()
     assert "during startup" not in log
+
+
+def _completion_texts(answers: list[Any]) -> list[str]:
+    texts = []
+    for answer in answers:
+        for completion in answer.get("output", []) if isinstance(answer, dict) else []:
+            for choice in completion.get("choices", []) if isinstance(completion, dict) else []:
+                text = choice.get("text") or (choice.get("message") or {}).get("content") or ""
+                if len(text.strip()) >= 12:  # long enough not to occur in a log by chance
+                    texts.append(text)
+    return texts
+
+
+def test_job_output_stays_out_of_the_log_and_the_shutdown_is_clean(serving: Serving) -> None:
+    """Reads the log of the stopped worker (runs one job and stops it itself when run alone)."""
+    if serving.worker.returncode is None:
+        serving.run({"prompt": "Once upon a time", "sampling_params": {"max_tokens": 16, "min_tokens": 16}})
+        serving.worker.stop(timeout=120)
+    log = serving.worker.log()
+    texts = _completion_texts(serving.answers)
+    assert texts, "no completion long enough to look for"
+    assert [text for text in texts if text in log] == []
+    assert "Unclosed client session" not in log and "Unclosed connector" not in log
