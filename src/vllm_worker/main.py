@@ -59,7 +59,9 @@ def _serve(state: handler.WorkerState, settings: settings_mod.Settings | None, s
         log.error("%s", error)
         return 2
     if job is not None:
-        return runpod_glue.local_test(handler.handler, job, handler.close_session)
+        return runpod_glue.local_test(
+            handler.handler, job, handler.close_session, supervisor.stop if supervisor is not None else None
+        )
     local_api = any(arg.startswith("--rp_serve_api") for arg in sys.argv[1:]) or bool(os.environ.get("RUNPOD_REALTIME_PORT"))
     runpod_glue.patch_job_loop(supervisor.stop if supervisor is not None else None, handler.close_session, local_api)
     concurrency = settings.max_concurrency if settings else 1

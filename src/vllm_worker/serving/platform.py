@@ -134,9 +134,16 @@ async def run_like_the_platform(handler: Callable[..., Any], job: dict[str, Any]
 
 
 def local_test(
-    handler: Callable[..., Any], job: dict[str, Any], close_session: Callable[[], Awaitable[None]]
+    handler: Callable[..., Any],
+    job: dict[str, Any],
+    close_session: Callable[[], Awaitable[None]],
+    stop_engine: Callable[[], None] | None = None,
 ) -> int:
-    """Run one job locally, print what the platform would return, and return the exit code (1 on error)."""
+    """Run one job locally, print what the platform would return, and return the exit code (1 on error).
+
+    `stop_engine` runs before the print: the engine's output is copied to the same stdout, and its
+    shutdown lines (vLLM's resource tracker warns as it exits) must not follow the result line.
+    """
 
     async def run() -> dict[str, Any]:
         try:
@@ -145,6 +152,8 @@ def local_test(
             await close_session()
 
     result = asyncio.run(run())
+    if stop_engine is not None:
+        stop_engine()
     # One line, last: the SDK logs to the same stdout, and a script reads the last line.
     print(json.dumps(result, ensure_ascii=False), flush=True)
     return 1 if result.get("error") else 0
