@@ -196,7 +196,7 @@ def test_negatives_are_never_called_out_of_memory_and_those_with_a_kind_are_name
         if case.label not in NEGATIVE:
             continue
         text = (CORPUS / case.file).read_bytes().decode("utf-8", errors="replace")
-        diagnosis = explain(text, exit_code=1)
+        diagnosis = explain(Failure.of(text, exit_code=1))
         cases[case.label] += 1
         not_oom[case.label] += int(not memory_shortfall(text) and diagnosis.kind != "memory_shortfall")
         is_named = diagnosis.kind == NAMED_AS.get(case.label, "") or (

@@ -14,6 +14,7 @@ import pytest
 from tests.support import vllm_texts as t
 from tests.support.vllm_texts import SP, vllm_log
 from vllm_worker.diagnosis.startup_errors import explain
+from vllm_worker.diagnosis.verdict import Failure
 
 LIBRARY = {
     # torch/_ops.py _OpNamespace.__getattr__: f"'_OpNamespace' '{self.name}' object has no attribute '{op_name}'"
@@ -81,7 +82,7 @@ FILES = {
 
 @pytest.mark.parametrize("name", sorted(LIBRARY))
 def test_a_missing_or_broken_library_is_named_as_an_image_problem(name: str) -> None:
-    diagnosis = explain(LIBRARY[name], "acme/m", exit_code=1)
+    diagnosis = explain(Failure.of(LIBRARY[name], "acme/m", exit_code=1))
     assert diagnosis.kind == "missing_library", (diagnosis.kind, diagnosis.message)
     assert "This is a problem of the image, not of the settings" in diagnosis.message
     assert diagnosis.evidence
@@ -89,7 +90,7 @@ def test_a_missing_or_broken_library_is_named_as_an_image_problem(name: str) -> 
 
 @pytest.mark.parametrize("name", sorted(FILES))
 def test_unreadable_model_files_are_named(name: str) -> None:
-    diagnosis = explain(FILES[name], "acme/m", exit_code=1)
+    diagnosis = explain(Failure.of(FILES[name], "acme/m", exit_code=1))
     assert diagnosis.kind == "model_files_broken", (diagnosis.kind, diagnosis.message)
     assert diagnosis.message.startswith("vLLM could not read the files of MODEL_NAME='acme/m': ")
     assert diagnosis.evidence
@@ -97,14 +98,14 @@ def test_unreadable_model_files_are_named(name: str) -> None:
 
 def test_a_compiler_line_does_not_hide_a_memory_failure_in_the_same_output() -> None:
     text = "/tmp/t/main.c:5:10: fatal error: Python.h: No such file or directory\n" + t.TORCH_OOM
-    assert explain(text, "acme/m", exit_code=1).kind == "memory_shortfall"
+    assert explain(Failure.of(text, "acme/m", exit_code=1)).kind == "memory_shortfall"
 
 
 def test_a_compiled_op_of_another_namespace_is_not_called_a_missing_library() -> None:
     text = t.engine_core_crash("AttributeError: '_OpNamespace' 'aten' object has no attribute 'no_such_op'")
-    assert explain(text, "acme/m", exit_code=1).kind == "unknown"
+    assert explain(Failure.of(text, "acme/m", exit_code=1)).kind == "unknown"
 
 
 def test_a_chat_template_that_does_not_parse_points_at_chat_template() -> None:
-    message = explain(FILES["chat template"], "acme/m", exit_code=1).message
+    message = explain(Failure.of(FILES["chat template"], "acme/m", exit_code=1)).message
     assert "To fix: if CHAT_TEMPLATE is set, correct or unset it; otherwise set CHAT_TEMPLATE to a template that parses" in message
