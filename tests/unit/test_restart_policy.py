@@ -17,6 +17,8 @@ from vllm_worker.diagnosis.verdict import Failure
 from vllm_worker.config import settings as settings_mod
 from vllm_worker.engine.launcher import Attempt
 from vllm_worker.engine.monitor import EngineMonitor
+from vllm_worker.engine.ladder import Ladder
+from vllm_worker.config.profile import LaunchProfile
 from vllm_worker.serving.handler import WorkerState
 from vllm_worker.engine.ladder import MAX_RESTARTS, RESTART_WINDOW_S, restart_allowed, restart_budget_phrase
 from vllm_worker.diagnosis.runtime import ENGINE_DEAD_TEXT, RUNTIME_KINDS, SERVING_MARKER, runtime_failure
@@ -232,9 +234,9 @@ class _Launcher:
     def __init__(self) -> None:
         self.profiles: list[object] = []
 
-    def attempt(self, profile, extra):  # type: ignore[no-untyped-def]
+    def attempt(self, profile, record=None, tried=()):  # type: ignore[no-untyped-def]
         self.profiles.append(profile)
-        return Attempt("stopped", {"launch": 2, **extra})
+        return Attempt("stopped", {"launch": 2, **(record or {})})
 
 
 def _death_told_by_the_monitor(tail: str, code: int, env: dict[str, str]) -> tuple[WorkerState, _Launcher]:
@@ -243,15 +245,16 @@ def _death_told_by_the_monitor(tail: str, code: int, env: dict[str, str]) -> tup
     state.mark_ready()
     launcher = _Launcher()
     supervisor = type("Supervisor", (), {"stopping": False, "engine": None})()
+    settings = settings_mod.load(env)
+    climb = Ladder(LaunchProfile.parse(env), settings.max_concurrency, device_total_bytes=80 * 2**30)
     watcher = EngineMonitor(
         supervisor,  # type: ignore[arg-type]
-        settings_mod.load(env),
+        settings,
         state,
-        env,
+        climb,
         [{"launch": 1, "outcome": "ready", "profile": "as configured"}],
         None,
         launcher=launcher,  # type: ignore[arg-type]
-        device_total_bytes=80 * 2**30,
     )
     engine = _DeadEngine(tail, code)
     watcher._run(engine)  # type: ignore[arg-type]  # the thread's target, run here to its end
