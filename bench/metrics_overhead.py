@@ -7,7 +7,7 @@ batch of concurrent completions in alternating rounds: no reads, the worker's Lo
 own interval, and LoadWatch at 0.1 s (100 times as often, the worst case). It prints the median
 batch time of each side by side, and the ratios to the no-read rounds.
 
-    .venv/bin/python bench/metrics_overhead.py [--rounds 3] [--requests 8] [--tokens 200]
+    .venv/bin/python bench/metrics_overhead.py [--rounds 3] [--requests 32] [--tokens 400]
 """
 
 from __future__ import annotations
@@ -51,8 +51,8 @@ def batch(base: str, model: str, requests: int, tokens: int) -> float:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--requests", type=int, default=8)
-    parser.add_argument("--tokens", type=int, default=200)
+    parser.add_argument("--requests", type=int, default=32)
+    parser.add_argument("--tokens", type=int, default=400)
     args = parser.parse_args()
     model = engine_env.make_tiny_model()
     port = engine_env.free_port()
