@@ -71,11 +71,11 @@ class Worker:
             time.sleep(0.05)
 
 
-def prompt_job(tokens: int, stream: bool = False) -> dict[str, Any]:
+def prompt_job(tokens: int, stream: bool = False, n: int = 1) -> dict[str, Any]:
     if stream:
-        body = {"prompt": PROMPT, "max_tokens": tokens, "min_tokens": tokens, "stream": True}
+        body = {"prompt": PROMPT, "max_tokens": tokens, "min_tokens": tokens, "n": n, "stream": True}
         return {"openai_route": "/v1/completions", "openai_input": body}
-    return {"prompt": PROMPT, "sampling_params": {"max_tokens": tokens, "min_tokens": tokens}}
+    return {"prompt": PROMPT, "sampling_params": {"max_tokens": tokens, "min_tokens": tokens, "n": n}}
 
 
 def engine_processes(worker_pid: int) -> list[psutil.Process]:
@@ -129,9 +129,11 @@ def worker(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 
 @pytest.mark.parametrize("stream", [True, False], ids=["streamed", "not-streamed"])
 def test_a_cancelled_job_ends_its_request_in_the_engine(worker: Worker, stream: bool) -> None:
-    asked = 2000
+    # Four sequences of 2000 tokens: many seconds of work even when the machine is quiet.
+    sequences, tokens = 4, 2000
+    asked = sequences * tokens
     before = worker.metric("vllm:generation_tokens_total")
-    job = worker.cp.submit(prompt_job(asked, stream))
+    job = worker.cp.submit(prompt_job(tokens, stream, n=sequences))
     if stream:
         worker.cp.wait_for_stream_chunks(job, 1, timeout=JOB_TIMEOUT)
     else:
