@@ -98,10 +98,15 @@ def _start_and_serve(
                 f"terminate this worker so the platform starts a fresh one, and please report this."
             )
         )
-    if outcome.fatal:
-        outcome.fatal = fresh_machine.answer(
-            outcome.fatal, outcome.cause, settings.refresh_limit, settings.base_path, runpod_glue.ask_for_fresh_worker
+
+    def fresh_worker(sentence: str, kind: str | None) -> str:
+        """The answer to a failure; where another machine is the fix, the platform is asked for one."""
+        return fresh_machine.answer(
+            sentence, kind, settings.refresh_limit, settings.base_path, runpod_glue.ask_for_fresh_worker
         ).sentence
+
+    if outcome.fatal:
+        outcome.fatal = fresh_worker(outcome.fatal, outcome.cause)
     state = handler.WorkerState(
         fatal=outcome.fatal,
         served_model_name=outcome.served_model_name,
@@ -141,9 +146,7 @@ def _start_and_serve(
             outcome.launches,
             memory_waiter(settings),
             launcher=outcome.launcher,
-            fresh_machine=lambda sentence, kind: fresh_machine.answer(
-                sentence, kind, settings.refresh_limit, settings.base_path, runpod_glue.ask_for_fresh_worker
-            ).sentence,
+            fresh_machine=fresh_worker,
         ).start(outcome.engine)
     sdk_import.join()
     return _serve(state, settings.max_concurrency, shutdown, settings.drain_timeout)

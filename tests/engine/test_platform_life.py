@@ -33,7 +33,7 @@ import pytest
 
 from tests.support import engine_env
 from tests.support.control_plane import ControlPlane
-from tests.support.worker_proc import WorkerProcess
+from tests.support.worker_proc import WorkerProcess, engine_processes, running
 
 pytestmark = pytest.mark.engine
 
@@ -76,17 +76,6 @@ def prompt_job(tokens: int, stream: bool = False, n: int = 1) -> dict[str, Any]:
         body = {"prompt": PROMPT, "max_tokens": tokens, "min_tokens": tokens, "n": n, "stream": True}
         return {"openai_route": "/v1/completions", "openai_input": body}
     return {"prompt": PROMPT, "sampling_params": {"max_tokens": tokens, "min_tokens": tokens, "n": n}}
-
-
-def engine_processes(worker_pid: int) -> list[psutil.Process]:
-    return psutil.Process(worker_pid).children(recursive=True)
-
-
-def running(proc: psutil.Process) -> bool:
-    try:
-        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 def boot(tiny_model: Path, root: Path, cp: ControlPlane, **overrides: str) -> Worker:
