@@ -20,7 +20,6 @@ import argparse
 import importlib
 import logging
 import os
-import signal
 import sys
 import threading
 import time
@@ -37,6 +36,7 @@ from vllm_worker.serving import handler
 
 from vllm_worker.model import cache as model_cache
 
+from vllm_worker.serving import engine_load, fresh_machine
 from vllm_worker.serving import platform as runpod_glue
 from vllm_worker.config import settings as settings_mod
 from vllm_worker.config.profile import LaunchProfile
@@ -46,33 +46,6 @@ from vllm_worker.engine.launcher import Launcher, MemoryWait, StartupOutcome, Su
 from vllm_worker.engine.monitor import EngineMonitor
 
 log = logging.getLogger("vllm_worker")
-
-
-def _serve(state: handler.WorkerState, settings: settings_mod.Settings | None, supervisor: Supervisor | None) -> int:
-    """Answer jobs: the SDK's job loop (or local API), or one local test job; returns the exit code."""
-    import runpod
-
-    handler.configure(state)
-    try:
-        job = runpod_glue.local_test_input(sys.argv[1:], os.environ, Path.cwd())
-    except runpod_glue.LocalTestError as error:
-        log.error("%s", error)
-        return 2
-    if job is not None:
-        return runpod_glue.local_test(
-            handler.handler, job, handler.close_session, supervisor.stop if supervisor is not None else None
-        )
-    local_api = any(arg.startswith("--rp_serve_api") for arg in sys.argv[1:]) or bool(os.environ.get("RUNPOD_REALTIME_PORT"))
-    runpod_glue.patch_job_loop(supervisor.stop if supervisor is not None else None, handler.close_session, local_api)
-    concurrency = settings.max_concurrency if settings else 1
-    runpod.serverless.start(
-        {
-            "handler": handler.handler,
-            "concurrency_modifier": lambda current: concurrency,
-            "return_aggregate_stream": True,
-        }
-    )
-    return 0
 
 
 def run(env: Mapping[str, str] | None = None) -> int:
@@ -90,82 +63,98 @@ def run(env: Mapping[str, str] | None = None) -> int:
     except settings_mod.SettingsError as exc:
         log.error("%s Answering every job with this.", exc)
         sdk_import.join()
-        return _serve(handler.WorkerState(fatal=str(exc)), None, None)
+        shutdown = runpod_glue.Shutdown()
+        shutdown.install()
+        return _serve(handler.WorkerState(fatal=str(exc)), 1, shutdown, 0.0)
 
     supervisor = Supervisor(settings)
-    owner = os.getpid()
-    serving = threading.Event()
-
-    def on_signal(signum: int, frame: Any) -> None:
-        if os.getpid() != owner:
-            # A child forked by the SDK (its heartbeat) inherits this handler; the engine is not its to stop.
-            os._exit(128 + signum)
-        if serving.is_set():
-            # The local API's uvicorn re-raises the signal it handled once it has shut down: a requested stop.
-            log.info("signal %d: stopping the engine", signum)
-            supervisor.stop()
-            raise SystemExit(0)
-        log.info("signal %d during startup: stopping the engine", signum)
-        supervisor.stop()
-        raise SystemExit(128 + signum)
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-
+    shutdown = runpod_glue.Shutdown(supervisor.stop)
+    shutdown.install()
     try:
-        try:
-            outcome = _startup(env, settings, supervisor, {"settings": round(time.monotonic() - began, 2)})
-        except Exception as error:  # noqa: BLE001 - whatever broke, the jobs must say so rather than crash-loop
-            log.exception("the worker failed while starting the engine")
-            supervisor.stop()
-            outcome = StartupOutcome(
-                fatal=(
-                    f"The worker failed while starting the engine ({type(error).__name__}: {error}); "
-                    f"terminate this worker so the platform starts a fresh one, and please report this."
-                )
-            )
-        state = handler.WorkerState(
-            fatal=outcome.fatal,
-            served_model_name=outcome.served_model_name,
-            port=settings.vllm_port,
-            max_concurrency=settings.max_concurrency,
-            request_timeout=settings.request_timeout,
-            ready_timeout=settings.ready_timeout,
-            default_max_tokens=settings.default_max_tokens,
-            profile=outcome.profile,
-            status={
-                "launches": outcome.launches,
-                "profile": outcome.profile["name"] if outcome.profile else "as configured",
-                "causes": [r["cause"] for r in outcome.launches if r.get("cause")],
-                "capacity": outcome.capacity,
-                "capacity_plan": outcome.capacity_plan,
-                "restarts": 0,
-                "fatal": outcome.fatal,
-                "model_cache": outcome.model_cache,
-                "warnings": outcome.warnings,
-                **_start_fields(outcome),
-            },
-        )
-        if outcome.fatal:
-            log.error("startup failed: %s Answering every job with this.", outcome.fatal)
-        else:
-            state.mark_ready()
-            log.info("engine ready; taking jobs (up to %d at once)", settings.max_concurrency)
-        if outcome.engine is not None and not outcome.fatal and outcome.climb is not None:
-            EngineMonitor(
-                supervisor,
-                settings,
-                state,
-                outcome.climb,
-                outcome.launches,
-                memory_waiter(settings),
-                launcher=outcome.launcher,
-            ).start(outcome.engine)
-        sdk_import.join()
-        serving.set()
-        return _serve(state, settings, supervisor)
+        return _start_and_serve(env, settings, supervisor, shutdown, sdk_import, began)
+    except runpod_glue.Stopped as stopped:
+        return stopped.code
     finally:
         supervisor.stop()
+
+
+def _start_and_serve(
+    env: dict[str, str],
+    settings: settings_mod.Settings,
+    supervisor: Supervisor,
+    shutdown: runpod_glue.Shutdown,
+    sdk_import: threading.Thread,
+    began: float,
+) -> int:
+    """Start the engine (or learn why it cannot start), then answer jobs until the platform stops the worker."""
+    try:
+        outcome = _startup(env, settings, supervisor, {"settings": round(time.monotonic() - began, 2)})
+    except Exception as error:  # noqa: BLE001 - whatever broke, the jobs must say so rather than crash-loop
+        log.exception("the worker failed while starting the engine")
+        supervisor.stop()
+        outcome = StartupOutcome(
+            fatal=(
+                f"The worker failed while starting the engine ({type(error).__name__}: {error}); "
+                f"terminate this worker so the platform starts a fresh one, and please report this."
+            )
+        )
+
+    def fresh_worker(sentence: str, kind: str | None) -> str:
+        """The answer to a failure; where another machine is the fix, the platform is asked for one."""
+        return fresh_machine.answer(
+            sentence, kind, settings.refresh_limit, settings.base_path, runpod_glue.ask_for_fresh_worker
+        ).sentence
+
+    if outcome.fatal:
+        outcome.fatal = fresh_worker(outcome.fatal, outcome.cause)
+    state = handler.WorkerState(
+        fatal=outcome.fatal,
+        served_model_name=outcome.served_model_name,
+        port=settings.vllm_port,
+        max_concurrency=settings.max_concurrency,
+        request_timeout=settings.request_timeout,
+        ready_timeout=settings.ready_timeout,
+        default_max_tokens=settings.default_max_tokens,
+        profile=outcome.profile,
+        status={
+            "launches": outcome.launches,
+            "profile": outcome.profile["name"] if outcome.profile else "as configured",
+            "causes": [r["cause"] for r in outcome.launches if r.get("cause")],
+            "capacity": outcome.capacity,
+            "capacity_plan": outcome.capacity_plan,
+            "restarts": 0,
+            "fatal": outcome.fatal,
+            "model_cache": outcome.model_cache,
+            "warnings": outcome.warnings,
+            **_start_fields(outcome),
+        },
+    )
+    if outcome.fatal:
+        log.error("startup failed: %s Answering every job with this.", outcome.fatal)
+    else:
+        state.mark_ready()
+        log.info("engine ready; taking jobs (up to %d at once)", settings.max_concurrency)
+    if outcome.engine is not None and not outcome.fatal and outcome.climb is not None:
+        state.load_watch = engine_load.LoadWatch(
+            settings.vllm_host, settings.vllm_port, outcome.launch_env, settings.max_concurrency
+        ).start()
+        EngineMonitor(
+            supervisor,
+            settings,
+            state,
+            outcome.climb,
+            outcome.launches,
+            memory_waiter(settings),
+            launcher=outcome.launcher,
+            fresh_machine=fresh_worker,
+        ).start(outcome.engine)
+    sdk_import.join()
+    return _serve(state, settings.max_concurrency, shutdown, settings.drain_timeout)
+
+
+def _serve(state: handler.WorkerState, concurrency: int, shutdown: runpod_glue.Shutdown, drain_timeout: float) -> int:
+    handler.configure(state)
+    return runpod_glue.serve(handler.handler, handler.close_session, concurrency, shutdown, state, drain_timeout)
 
 
 def _prepare_worker_process() -> None:

@@ -392,7 +392,8 @@ def test_memory_held_twice_is_answered_without_sending_the_reader_to_gpu_memory_
     cp: ControlPlane, tmp_path: Path
 ) -> None:
     # vLLM's own text says "Decrease GPU memory utilization": the worker's sentence must not relay it.
-    env = {"MAX_CONCURRENCY": "30", "MAX_NUM_SEQS": "256", "GPU_MEMORY_UTILIZATION": "0.92"}
+    # WORKER_REFRESH_LIMIT=0: no fresh-worker sentence after the cause (tests/integration/test_fresh_worker.py has it).
+    env = {"MAX_CONCURRENCY": "30", "MAX_NUM_SEQS": "256", "GPU_MEMORY_UTILIZATION": "0.92", "WORKER_REFRESH_LIMIT": "0"}
     results, engine, worker = run_to_answers(
         cp, tmp_path, [{"text": "FREE_MEMORY_LESS_THAN_BUDGET"}], [CHAT, {"prompt": "hi"}], **env
     )

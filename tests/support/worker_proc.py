@@ -21,6 +21,8 @@ import time
 from pathlib import Path
 from typing import Mapping, Sequence
 
+import psutil
+
 from tests.support.control_plane import ControlPlane
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -188,3 +190,16 @@ class WorkerProcess:
 
     def _tail(self, lines: int = 60) -> str:
         return "".join("".join(self._chunks).splitlines(keepends=True)[-lines:])
+
+
+def engine_processes(worker_pid: int) -> list[psutil.Process]:
+    """Everything the worker started: the engine's API server, engine core and worker processes."""
+    return psutil.Process(worker_pid).children(recursive=True)
+
+
+def running(proc: psutil.Process) -> bool:
+    """True while the process exists and is not a zombie."""
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False

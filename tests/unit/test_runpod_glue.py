@@ -99,19 +99,26 @@ def test_a_bad_local_test_input_is_one_sentence(given: str, tmp_path: Path) -> N
         runpod_glue.local_test_input(["--test_input", given], {}, tmp_path)
 
 
-def test_the_job_loop_hooks_exist_and_are_wrapped_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    # The SDK's JobScaler still has the two methods the worker wraps.
+def test_the_job_loop_hooks_exist_and_both_signals_reach_the_one_handler(monkeypatch: pytest.MonkeyPatch) -> None:
+    import runpod.serverless
+
+    # The SDK's JobScaler still has the methods the worker replaces, and its loop the three loops
+    # and the shutdown flag the drain drives.
     monkeypatch.setattr(rp_scale.JobScaler, "run", rp_scale.JobScaler.run)
     monkeypatch.setattr(rp_scale.JobScaler, "handle_shutdown", rp_scale.JobScaler.handle_shutdown)
+    monkeypatch.setattr(runpod.serverless, "_signal_handler", runpod.serverless._signal_handler)
+    for name in ("get_jobs", "run_jobs", "monitor_stop_signals", "kill_worker"):
+        assert callable(getattr(rp_scale.JobScaler, name))
+    assert isinstance(rp_scale.JobScaler({"handler": fine})._shutdown_event, asyncio.Event)
 
     async def close() -> None:
         return None
 
-    runpod_glue.patch_job_loop(lambda: None, close)
-    first = (rp_scale.JobScaler.run, rp_scale.JobScaler.handle_shutdown)
-    runpod_glue.patch_job_loop(lambda: None, close)
-    assert (rp_scale.JobScaler.run, rp_scale.JobScaler.handle_shutdown) == first
-    assert getattr(first[0], "_vllm_worker") and getattr(first[1], "_vllm_worker")
+    shutdown = runpod_glue.Shutdown()
+    runpod_glue.patch_job_loop(shutdown, close)
+    assert getattr(rp_scale.JobScaler.run, "_vllm_worker") and getattr(rp_scale.JobScaler.handle_shutdown, "_vllm_worker")
+    # SIGINT as runpod.serverless.start installs it, and SIGTERM/SIGINT as JobScaler.start does.
+    assert runpod.serverless._signal_handler == shutdown.on_signal
 
 
 def test_the_local_api_closes_the_session_when_its_app_shuts_down(monkeypatch: pytest.MonkeyPatch) -> None:

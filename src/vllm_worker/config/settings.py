@@ -45,6 +45,11 @@ class Settings:
     hang_timeout: float = 60.0
     vllm_command_set: bool = False  # VLLM_COMMAND was set (not the default `vllm serve`)
     base_path: str = "/runpod-volume"
+    # Runpod documents 5 s between SIGTERM and SIGKILL (Pods pricing page, spot instances:
+    # https://docs.runpod.io/pods/pricing, in runpod/docs until commit 8e5aebdb, May 2026) and
+    # names no other figure; 3 s of running jobs leaves 2 s to post the stopping sentence.
+    drain_timeout: float = 3.0
+    refresh_limit: int = 3
 
 
 # name -> (default as documented, None when unset; description); README's table is checked against this.
@@ -75,6 +80,17 @@ DOCUMENTED: dict[str, tuple[str | None, str]] = {
         "60",
         "seconds the serving engine may leave its health check unanswered before it counts as hung, "
         "is killed and restarted in place",
+    ),
+    "DRAIN_TIMEOUT": (
+        "3",
+        "seconds running jobs may still finish after the platform's SIGTERM; a job still running then is "
+        "answered that the worker is being stopped and can be sent again (Runpod documents 5 s between "
+        "SIGTERM and SIGKILL)",
+    ),
+    "WORKER_REFRESH_LIMIT": (
+        "3",
+        "fresh workers the endpoint's workers may ask the platform for within an hour after a fault of the "
+        "machine; counted on the network volume (BASE_PATH/.vllm-worker); 0 never asks",
     ),
     "DEFAULT_MAX_TOKENS": (
         None,
@@ -113,6 +129,13 @@ def _int_in(low: int, high: int | None = None) -> Callable[[str], int]:
 def _positive_seconds(raw: str) -> float:
     value = float(raw)
     if not math.isfinite(value) or value <= 0:
+        raise ValueError(raw)
+    return value
+
+
+def _seconds_or_zero(raw: str) -> float:
+    value = float(raw)
+    if not math.isfinite(value) or value < 0:
         raise ValueError(raw)
     return value
 
@@ -174,4 +197,6 @@ def load(env: Mapping[str, str]) -> Settings:
         hang_timeout=_parse(env, "ENGINE_HANG_TIMEOUT", 60.0, _positive_seconds, seconds),
         vllm_command_set=value(env, "VLLM_COMMAND") is not None,
         base_path=_parse(env, "BASE_PATH", "/runpod-volume", _absolute_path, "an absolute path such as /runpod-volume"),
+        drain_timeout=_parse(env, "DRAIN_TIMEOUT", 3.0, _seconds_or_zero, "a number of seconds, 0 or more"),
+        refresh_limit=_parse(env, "WORKER_REFRESH_LIMIT", 3, _int_in(0, 1000), "a whole number from 0 to 1000"),
     )

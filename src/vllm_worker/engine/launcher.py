@@ -40,6 +40,10 @@ log = logging.getLogger("vllm_worker")
 MemoryWait = Callable[[LaunchProfile], "str | None"]
 
 
+class WorkerStopping(Exception):
+    """A launch was asked for after the worker began to stop."""
+
+
 class Supervisor:
     """Owns the engine across launches, so a signal at any moment can stop it."""
 
@@ -54,7 +58,7 @@ class Supervisor:
     ) -> Engine:
         with self._lock:
             if self._stopping:
-                raise SystemExit(143)
+                raise WorkerStopping("the worker is stopping; no engine is launched")
             self.engine = Engine(
                 argv,
                 env,
@@ -175,6 +179,7 @@ class Launcher:
             problem = self.wait_for_memory(profile)
             phases["memory_wait"] = round(self.clock() - waiting, 2)
             if problem:
+                record["cause"] = "memory_held"
                 return Attempt("fatal", record, message=problem, served_model_name=built.served_model_name)
         masked = args_builder.mask(built.argv)
         log.info("launch %d: %s", self.count, masked)
@@ -243,6 +248,7 @@ class StartupOutcome:
     launcher: Launcher | None = None  # what made the launches; restarts go on through it
     climb: ladder.Ladder | None = None  # where the ladder stands; an out-of-memory death goes on from there
     device_total_bytes: int | None = None
+    cause: str | None = None  # the failure's kind when `fatal` came from one (a diagnosis, the memory wait)
 
 
 def start_engine(
@@ -276,6 +282,7 @@ def start_engine(
         outcome.warnings += [w for w in result.warnings if w not in outcome.warnings]
         if result.outcome == "fatal":
             outcome.fatal = result.message
+            outcome.cause = result.record.get("cause")
             return outcome
         outcome.launches.append(result.record)
         if result.outcome == "ready":
@@ -296,6 +303,7 @@ def start_engine(
         step = climb.after_failure(profile, diagnosis)
         if isinstance(step, ladder.Stop):
             outcome.fatal = diagnosis.message
+            outcome.cause = diagnosis.kind
             return outcome
         for warning in step.warnings:
             log.warning(warning)

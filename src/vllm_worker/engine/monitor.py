@@ -35,7 +35,7 @@ from vllm_worker.engine import ladder
 
 from vllm_worker.config import settings as settings_mod
 from vllm_worker.engine.process import Engine, health_url
-from vllm_worker.engine.launcher import Launcher, MemoryWait, Supervisor
+from vllm_worker.engine.launcher import Launcher, MemoryWait, Supervisor, WorkerStopping
 
 log = logging.getLogger("vllm_worker")
 
@@ -87,8 +87,12 @@ class EngineMonitor:
         wait_for_memory: MemoryWait | None,
         clock: Callable[[], float] = time.monotonic,
         launcher: Launcher | None = None,
+        fresh_machine: Callable[[str, str | None], str] | None = None,
     ) -> None:
+        """fresh_machine: given the final answer and the failure's kind, asks the platform for a fresh
+        worker where another machine is the fix, and returns the answer that says so."""
         self.supervisor = supervisor
+        self.fresh_machine = fresh_machine
         self.settings = settings
         self.state = state
         self.climb = climb  # the startup's ladder: a step it took is not taken again after a death
@@ -114,7 +118,7 @@ class EngineMonitor:
                 if how is None:
                     return
                 current = self._recover(current, how)
-        except SystemExit:  # Supervisor.launch: the worker is shutting down
+        except WorkerStopping:
             return
         except Exception as error:
             log.exception("engine monitor failed")
@@ -161,7 +165,7 @@ class EngineMonitor:
         sentence = (
             f"{diagnosis.message} {restarting_sentence(step.tried if step else None)}"
             if allowed
-            else budget_sentence(diagnosis.message, len(recent) + 1)
+            else self._final(budget_sentence(diagnosis.message, len(recent) + 1), diagnosis.kind)
         )
         log.error("the engine stopped while serving: %s", diagnosis.message)
         record = self.launches[-1] if self.launches else {}
@@ -202,7 +206,8 @@ class EngineMonitor:
             )
             result = self.launcher.attempt(self.climb.profile, {"restart": len(self.restarts), "after": after})
             if result.outcome == "fatal":
-                self._give_up(result.message or "The engine could not be started again.", None)
+                message = result.message or "The engine could not be started again."
+                self._give_up(self._final(message, result.record.get("cause")), None)
                 return None
             self.launches.append(result.record)
             if result.outcome == "ready":
@@ -223,10 +228,14 @@ class EngineMonitor:
             now = self.clock()
             if not ladder.restart_allowed(self.restarts, now):
                 tail = self.supervisor.engine.tail() if self.supervisor.engine is not None else None
-                self._give_up(f"The engine stopped while serving and could not be started again: {message}", tail)
+                self._give_up(self._final(f"The engine stopped while serving and could not be started again: {message}", kind), tail)
                 return None
             self.restarts.append(now)
             after = kind
+
+    def _final(self, sentence: str, kind: str | None) -> str:
+        """The answer once restarts are spent: a fault of the machine asks for a fresh worker."""
+        return self.fresh_machine(sentence, kind) if self.fresh_machine is not None else sentence
 
     def _give_up(self, sentence: str, tail: str | None) -> None:
         self.state.fatal = sentence

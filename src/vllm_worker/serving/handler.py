@@ -54,6 +54,7 @@ from vllm_worker.serving.job_input import (
     with_context_budget,
 )
 from vllm_worker.diagnosis.runtime import ENGINE_DEAD_TEXT
+from vllm_worker.serving import engine_load
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +95,10 @@ class WorkerState:
     death: str | None = None
     # The handler's cache: (deaths when read, the engine's max_model_len from /v1/models).
     context_length: tuple[int, int] | None = None
+    # Set when the platform stops the worker: what a job that cannot run any more is told.
+    stopping: str | None = None
+    # Reads vLLM's /metrics beside the job loop; the status job shows its figures.
+    load_watch: engine_load.LoadWatch | None = None
 
     def mark_ready(self) -> None:
         """The engine answers: jobs go through (thread-safe; main's supervisor may call it)."""
@@ -108,6 +113,29 @@ class WorkerState:
         self.ready.clear()
         self.death = sentence
         self.deaths += 1  # after `death`: a job that sees the count change reads the sentence
+
+    def begin_stop(self, new_jobs: str) -> None:
+        """The platform stops the worker: jobs not yet running (or waiting for the engine) end with `new_jobs`."""
+        self.stopping = new_jobs
+
+
+def interrupt_running(state: WorkerState, sentence: str) -> int:
+    """End every job still running on the engine with `sentence`, at once; returns the connections cut.
+
+    Runs in the job loop's thread. The jobs' requests to the engine are cut (vLLM aborts a request
+    whose client went away), and a request that fails that way reads `sentence` from the state,
+    as it reads a death's. The connections in use are the connector's; aiohttp has no public list.
+    """
+    state.record_death(sentence)
+    session = _session
+    connector = session.connector if session is not None else None
+    cut = 0
+    for protocol in list(getattr(connector, "_acquired", ())):
+        transport = getattr(protocol, "transport", None)
+        if transport is not None:
+            transport.abort()
+            cut += 1
+    return cut
 
 
 _state: WorkerState | None = None
@@ -430,6 +458,8 @@ async def _wait_ready(state: WorkerState) -> str | None:
     while not state.ready.is_set():
         if state.fatal:
             return state.fatal
+        if state.stopping:
+            return state.stopping
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             return not_ready_sentence(state.ready_timeout)
@@ -494,6 +524,18 @@ async def _context_length(state: WorkerState, session: aiohttp.ClientSession) ->
     return length
 
 
+async def _read_load(state: WorkerState) -> engine_load.Sample | None:
+    """A fresh read of vLLM's /metrics for the status job (None when it gives no figures)."""
+    try:
+        async with _get_session(state).get(
+            engine_load.metrics_url(state.host, state.port), timeout=_timeout(engine_load.READ_TIMEOUT_S)
+        ) as response:
+            text = await response.text() if response.status == 200 else ""
+    except (*_TRANSPORT_ERRORS, ValueError):
+        text = ""
+    return engine_load.parse(text, time.monotonic())
+
+
 def _form(body: dict[str, Any]) -> aiohttp.FormData:
     """A fresh multipart body (aiohttp sends a FormData only once)."""
     form = aiohttp.FormData()
@@ -514,10 +556,16 @@ async def handler(job: dict[str, Any]) -> AsyncGenerator[Any, None]:
     job_input = job.get("input") if isinstance(job, dict) else None
 
     if is_status_request(job_input):
-        yield status_report(state)
+        report = status_report(state)
+        if state.load_watch is not None:
+            report["load"] = state.load_watch.status(await _read_load(state)) if state.ready.is_set() else None
+        yield report
         return
     if state.fatal:
         yield {"error": state.fatal}
+        return
+    if state.stopping:
+        yield {"error": state.stopping}
         return
     try:
         request = normalize_input(job_input, state.served_model_name, state.default_max_tokens)

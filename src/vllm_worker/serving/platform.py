@@ -1,14 +1,26 @@
-"""Where the worker meets the runpod SDK (1.12): the job loop's start, its shutdown, and the local test.
+"""Every contact with the runpod SDK (1.12): the job loop, its stop, the local API, the local test.
 
-Three things the SDK does not do the way this worker needs, kept here in one place:
+What the SDK does not do the way this worker needs, kept here in one place:
 
-- SIGTERM (scale-down) must stop the engine at once, not after the job loop winds down: the
-  engine's process group holds the GPU the next worker needs. `JobScaler.handle_shutdown`
-  is wrapped to start that stop first.
+- A stop from the platform (SIGTERM; SIGINT alike) is handled by `Shutdown.on_signal`, for the
+  whole life of the worker: during startup it stops the engine and ends startup (`Stopped`); in
+  the job loop it drains. The SDK's own handler (`JobScaler.handle_shutdown`) and its SIGINT
+  handler are routed there. Draining: no job is taken any more (the held job-take poll is
+  cancelled, so an idle worker exits at once and its GPU goes to the next worker); jobs not yet
+  started are answered that the worker is being stopped; running jobs get DRAIN_TIMEOUT seconds,
+  then are answered with a sentence saying the platform stopped the worker and the job can be
+  sent again (never "the engine died"); a second signal does that at once. `main` stops the engine
+  after the loop ends. Runpod documents 5 s between SIGTERM and SIGKILL (the spot-instance note of
+  its Pods pricing page, https://docs.runpod.io/pods/pricing, runpod/docs until commit 8e5aebdb),
+  its serverless pages name no figure, so DRAIN_TIMEOUT defaults to 3 s: 2 s are left to post the
+  answers.
+- A fresh worker (`ask_for_fresh_worker`): for a generator handler the SDK reads `refresh_worker`
+  from the config dict given to `runpod.serverless.start` after each job (rp_job.handle_job sets
+  `stopPod` in the result, rp_scale.JobScaler.handle_job ends the loop).
 - The handler's pooled HTTP session must be closed inside the SDK's event loop, before
-  `asyncio.run` closes it, or Python logs "Unclosed client session" at every exit.
-  `JobScaler.run` is wrapped to close it; with the local API (`--rp_serve_api`) jobs run in
-  uvicorn's loop instead, so the session is closed by the FastAPI app's shutdown.
+  `asyncio.run` closes it, or Python logs "Unclosed client session" at every exit. With the local
+  API (`--rp_serve_api`) jobs run in uvicorn's loop instead, so the session is closed by the
+  FastAPI app's shutdown, and uvicorn handles the signals itself while it runs.
 - The SDK's local test (`--test_input`, or test_input.json when no job endpoint is set) awaits
   the handler as a coroutine; this handler is an async generator, so it printed
   `{'output': <async_generator ...>}` and "completed successfully" even for a job answered
@@ -23,11 +35,183 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import os
+import signal
+import sys
 import threading
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Mapping, Sequence
+from typing import Any, AsyncGenerator, Awaitable, Callable, Mapping, Sequence
+
+from vllm_worker.serving import handler as handler_mod
+
+log = logging.getLogger("vllm_worker")
 
 TEST_INPUT_FILE = "test_input.json"
+# After the interrupted jobs' requests are cut, how long their answers may take to be posted.
+ANSWER_POST_S = 5.0
+
+
+def new_job_sentence() -> str:
+    return (
+        "The worker is being stopped by the platform (a scale-down or a replaced worker) and takes no new jobs; "
+        "this job was not run: send it again and another worker will run it."
+    )
+
+
+def stopped_sentence(drain_timeout: float, at_once: bool = False) -> str:
+    """What a job still running when the worker stops is answered with."""
+    why = (
+        "a second stop signal ended the wait for running jobs"
+        if at_once
+        else f"running jobs had DRAIN_TIMEOUT={drain_timeout:g} seconds to finish and this one needed more"
+    )
+    return (
+        f"The worker was stopped by the platform (a scale-down or a replaced worker) before this job finished: "
+        f"{why}. The job was not completed: send it again and another worker will run it."
+    )
+
+
+class Stopped(BaseException):
+    """A stop signal arrived while the worker was starting: startup ends, and `main` returns `code`.
+
+    A BaseException, as KeyboardInterrupt is: no `except Exception` on the way may take it for a failure.
+    """
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"signal {signum} during startup")
+        self.code = 128 + signum
+
+
+class Shutdown:
+    """The one place SIGTERM and SIGINT are handled, from the first line of startup to the last job."""
+
+    def __init__(self, stop_engine: Callable[[], None] | None = None) -> None:
+        self.stop_engine = stop_engine
+        self.signals = 0
+        self.phase = "starting"  # "starting", "jobs" (the SDK's job loop), "local" (uvicorn's own)
+        self.state: handler_mod.WorkerState | None = None
+        self.drain_timeout = 0.0
+        self._owner = os.getpid()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._scaler: Any = None
+        self._requested: asyncio.Event | None = None
+        self._at_once: asyncio.Event | None = None
+
+    def install(self) -> None:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, self.on_signal)
+
+    def serving(self, state: handler_mod.WorkerState, drain_timeout: float, local_api: bool) -> None:
+        """Startup is over: from now on a signal drains the job loop (or lets uvicorn stop)."""
+        self.state = state
+        self.drain_timeout = drain_timeout
+        self.phase = "local" if local_api else "jobs"
+
+    def on_signal(self, signum: int, frame: Any) -> None:
+        if os.getpid() != self._owner:
+            # A child forked by the SDK (its heartbeat) inherits this handler; the engine is not its to stop.
+            os._exit(128 + signum)
+        self.signals += 1
+        if self.phase == "starting":
+            log.info("signal %d during startup: stopping the engine", signum)
+            self._stop_engine()
+            raise Stopped(signum)
+        if self.phase == "local":
+            # uvicorn re-raises the signal it handled once it has shut down: the engine goes too.
+            log.info("signal %d: the local API has stopped; stopping the engine", signum)
+            self._stop_engine()
+            return
+        if self.signals == 1:
+            running = self._scaler.job_progress.get_job_count() if self._scaler is not None else 0
+            log.info(
+                "signal %d: taking no more jobs; %d running may finish within DRAIN_TIMEOUT=%g s, then the engine stops",
+                signum,
+                running,
+                self.drain_timeout,
+            )
+            if self.state is not None:
+                self.state.begin_stop(new_job_sentence())
+            if running == 0:
+                # Idle: nothing to wait for, the engine's GPU goes to the next worker now.
+                threading.Thread(target=self._stop_engine, name="engine-stop").start()
+            self._wake(self._requested)
+        else:
+            log.info("signal %d again: stopping at once", signum)
+            self._wake(self._at_once)
+
+    def _stop_engine(self) -> None:
+        if self.stop_engine is not None:
+            self.stop_engine()
+
+    def _wake(self, event: asyncio.Event | None) -> None:
+        if self._loop is not None and event is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(event.set)
+            if self._scaler is not None:
+                self._loop.call_soon_threadsafe(self._scaler.kill_worker)
+
+    async def run_loop(self, scaler: Any, close_session: Callable[[], Awaitable[None]]) -> None:
+        """The SDK's job loop (its three loops, as `JobScaler.run` starts them), with the drain."""
+        from runpod.http_client import AsyncClientSession
+
+        self._loop = asyncio.get_running_loop()
+        self._scaler = scaler
+        self._requested, self._at_once = asyncio.Event(), asyncio.Event()
+        if self.signals:
+            self._requested.set()
+            scaler.kill_worker()
+        try:
+            async with AsyncClientSession() as session:
+                take = asyncio.create_task(scaler.get_jobs(session))
+                work = asyncio.create_task(scaler.run_jobs(session))
+                stops = asyncio.create_task(scaler.monitor_stop_signals(session))
+                try:
+                    await self._drain(scaler, take, work)
+                    if self._requested.is_set():
+                        # Every job is answered: the engine's GPU goes to the next worker while the loop winds down.
+                        threading.Thread(target=self._stop_engine, name="engine-stop").start()
+                finally:
+                    for task in (take, work, stops):
+                        task.cancel()
+                    await asyncio.gather(take, work, stops, return_exceptions=True)
+        finally:
+            await close_session()
+
+    async def _drain(self, scaler: Any, take: "asyncio.Task[Any]", work: "asyncio.Task[Any]") -> None:
+        assert self._requested is not None and self._at_once is not None
+        ending = asyncio.create_task(scaler._shutdown_event.wait())
+        try:
+            await asyncio.wait({ending, work}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            ending.cancel()
+        # A held job-take poll would keep even an idle worker up to the SDK's 90 s timeout.
+        take.cancel()
+        if not self._requested.is_set():
+            await work  # refresh_worker: the SDK ends the loop once its jobs are answered
+            return
+        at_once = asyncio.create_task(self._at_once.wait())
+        try:
+            await asyncio.wait({work, at_once}, timeout=self.drain_timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            at_once.cancel()
+        if work.done():
+            return
+        if self.state is not None:
+            cut = handler_mod.interrupt_running(self.state, stopped_sentence(self.drain_timeout, self._at_once.is_set()))
+            log.warning("the worker stops with jobs still running: %d request(s) to the engine cut, each answered that it can be sent again", cut)
+        await asyncio.wait({work}, timeout=ANSWER_POST_S)
+
+
+_config: dict[str, Any] | None = None
+_fresh_worker_wanted = False
+
+
+def ask_for_fresh_worker() -> None:
+    """Ask the platform to replace this worker after the next job it answers (and every one after)."""
+    global _fresh_worker_wanted
+    _fresh_worker_wanted = True
+    if _config is not None:
+        _config["refresh_worker"] = True
 
 
 def _local_api_init() -> Any:
@@ -37,25 +221,27 @@ def _local_api_init() -> Any:
 
 
 def patch_job_loop(
-    stop_engine: Callable[[], None] | None, close_session: Callable[[], Awaitable[None]], local_api: bool = False
+    shutdown: Shutdown | None, close_session: Callable[[], Awaitable[None]], local_api: bool = False
 ) -> None:
-    """Stop the engine first on SIGTERM, and close the HTTP session inside the SDK's loop (or the local API's).
+    """Route the SDK's signal handlers to `shutdown`, run its job loop with the drain, and close the HTTP
+    session inside the SDK's loop (or the local API's).
 
     local_api: the local API or realtime server will run (imports FastAPI, so only then).
     """
+    import runpod.serverless
     from runpod.serverless.modules import rp_scale
 
     scaler = rp_scale.JobScaler
-    if stop_engine is not None and not getattr(scaler.handle_shutdown, "_vllm_worker", False):
-        original_shutdown = scaler.handle_shutdown
+    if shutdown is not None:
 
         def handle_shutdown(self: Any, signum: int, frame: Any) -> None:
-            # In a thread: the job loop winds down meanwhile.
-            threading.Thread(target=stop_engine, name="engine-stop").start()
-            original_shutdown(self, signum, frame)
+            shutdown._scaler = self
+            shutdown.on_signal(signum, frame)
 
         handle_shutdown._vllm_worker = True  # type: ignore[attr-defined]
         scaler.handle_shutdown = handle_shutdown  # type: ignore[method-assign]
+        # runpod.serverless.start installs this for SIGINT before anything else runs.
+        runpod.serverless._signal_handler = shutdown.on_signal  # type: ignore[attr-defined]
 
     if local_api and not getattr(_local_api_init(), "_vllm_worker", False):
         from runpod.serverless.modules import rp_fastapi
@@ -69,17 +255,45 @@ def patch_job_loop(
         init_then_close_on_shutdown._vllm_worker = True  # type: ignore[attr-defined]
         rp_fastapi.WorkerAPI.__init__ = init_then_close_on_shutdown  # type: ignore[method-assign]
 
-    if not getattr(scaler.run, "_vllm_worker", False):
-        original_run = scaler.run
+    drain = shutdown if shutdown is not None else Shutdown()
 
-        async def run_then_close(self: Any) -> None:
-            try:
-                await original_run(self)
-            finally:
-                await close_session()
+    async def run_with_drain(self: Any) -> None:
+        await drain.run_loop(self, close_session)
 
-        run_then_close._vllm_worker = True  # type: ignore[attr-defined]
-        scaler.run = run_then_close  # type: ignore[method-assign]
+    run_with_drain._vllm_worker = True  # type: ignore[attr-defined]
+    scaler.run = run_with_drain  # type: ignore[method-assign]
+
+
+def serve(
+    handler: Callable[[dict[str, Any]], AsyncGenerator[Any, None]],
+    close_session: Callable[[], Awaitable[None]],
+    concurrency: int,
+    shutdown: Shutdown,
+    state: handler_mod.WorkerState,
+    drain_timeout: float,
+) -> int:
+    """Answer jobs: one local test job, or the SDK's job loop (or its local API) until stopped; the exit code."""
+    global _config
+    try:
+        job = local_test_input(sys.argv[1:], os.environ, Path.cwd())
+    except LocalTestError as error:
+        log.error("%s", error)
+        return 2
+    if job is not None:
+        return local_test(handler, job, close_session, shutdown.stop_engine)
+    import runpod
+
+    local_api = any(arg.startswith("--rp_serve_api") for arg in sys.argv[1:]) or bool(os.environ.get("RUNPOD_REALTIME_PORT"))
+    patch_job_loop(shutdown, close_session, local_api)
+    shutdown.serving(state, drain_timeout, local_api)
+    _config = {
+        "handler": handler,
+        "concurrency_modifier": lambda current: concurrency,
+        "return_aggregate_stream": True,
+        "refresh_worker": _fresh_worker_wanted,
+    }
+    runpod.serverless.start(_config)
+    return 0
 
 
 class LocalTestError(ValueError):

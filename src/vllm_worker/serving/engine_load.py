@@ -1,0 +1,249 @@
+"""How the engine copes under load, from vLLM's own /metrics: figures for the status job, a warning in the log.
+
+What an operator reads first when replies slow down is in vLLM's Prometheus text, which jobs
+cannot reach: how full the KV cache is, how many requests run and wait, how many were preempted
+(their KV cache freed to make room, their work recomputed later), the prompt and generation
+throughput, the prefix-cache hit rate. The status job shows them; a `LoadWatch` thread reads
+them every POLL_S seconds and warns in the log, at most once per WARN_EVERY_S, when requests are
+preempted or the KV cache stays full with requests waiting, naming the settings that help.
+
+Metric names are vLLM 0.32's (vllm/v1/metrics/loggers.py), as the CPU engine serves them:
+gauges `vllm:kv_cache_usage_perc` (a fraction), `vllm:num_requests_running`,
+`vllm:num_requests_waiting`; counters (`_total`) `vllm:num_preemptions`, `vllm:prompt_tokens`,
+`vllm:generation_tokens`, `vllm:prefix_cache_queries`, `vllm:prefix_cache_hits`; one series per
+engine (label `engine`), summed here. With DISABLE_LOG_STATS=true vLLM keeps none of them.
+Reading /metrics costs the API server about 10 ms on 2 CPU cores; bench/metrics_overhead.py
+measures that polling it does not slow jobs.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+log = logging.getLogger("vllm_worker")
+
+POLL_S = 10.0
+WARN_EVERY_S = 300.0
+READ_TIMEOUT_S = 2.0
+# A KV cache this full in two reads in a row, with requests waiting, is "full".
+KV_FULL = 0.95
+
+_GAUGES = {
+    "vllm:kv_cache_usage_perc": "kv_cache_usage",
+    "vllm:num_requests_running": "running",
+    "vllm:num_requests_waiting": "waiting",
+}
+_COUNTERS = {
+    "vllm:num_preemptions_total": "preemptions",
+    "vllm:prompt_tokens_total": "prompt_tokens",
+    "vllm:generation_tokens_total": "generation_tokens",
+    "vllm:prefix_cache_queries_total": "prefix_cache_queries",
+    "vllm:prefix_cache_hits_total": "prefix_cache_hits",
+}
+NO_STATS = (
+    "the engine's /metrics has no vllm:num_requests_running: vLLM keeps no statistics "
+    "with DISABLE_LOG_STATS=true"
+)
+
+# Loopback reads must never go through an HTTP(S)_PROXY from the environment.
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One read of /metrics (`at`: time.monotonic() of the read)."""
+
+    at: float
+    kv_cache_usage: float
+    running: int
+    waiting: int
+    preemptions: int
+    prompt_tokens: int
+    generation_tokens: int
+    prefix_cache_queries: int
+    prefix_cache_hits: int
+
+
+def parse(text: str, at: float) -> Sample | None:
+    """The figures in a Prometheus text from vLLM's /metrics; None when vLLM keeps no statistics."""
+    values: dict[str, float] = {}
+    kv: list[float] = []
+    for line in text.splitlines():
+        if not line.startswith("vllm:"):
+            continue
+        ends = [i for i in (line.find("{"), line.find(" ")) if i >= 0]
+        name = line[: min(ends)] if ends else line
+        field = _GAUGES.get(name) or _COUNTERS.get(name)
+        if field is None:
+            continue
+        try:
+            value = float(line.rsplit(" ", 1)[1])
+        except (IndexError, ValueError):
+            continue
+        if not math.isfinite(value):
+            continue
+        if field == "kv_cache_usage":
+            kv.append(value)
+        else:
+            values[field] = values.get(field, 0.0) + value
+    if "running" not in values:
+        return None
+    return Sample(
+        at=at,
+        kv_cache_usage=max(kv) if kv else 0.0,
+        **{field: int(values.get(field, 0.0)) for field in ("running", "waiting", *_COUNTERS.values())},
+    )
+
+
+def figures(current: Sample | None, previous: Sample | None) -> dict[str, Any]:
+    """What the status job shows: the gauges now, the counters since the engine started, and the rates
+    over the time since `previous` (None when there is no earlier read of the same engine)."""
+    if current is None:
+        return {"available": False, "reason": NO_STATS}
+    report: dict[str, Any] = {
+        "available": True,
+        "kv_cache_usage": round(current.kv_cache_usage, 4),
+        "running": current.running,
+        "waiting": current.waiting,
+        "preemptions": current.preemptions,
+        "prefix_cache_hit_rate": _ratio(current.prefix_cache_hits, current.prefix_cache_queries),
+        "prompt_tokens_per_s": None,
+        "generation_tokens_per_s": None,
+        "over_seconds": None,
+    }
+    base = previous if _same_engine(previous, current) else None
+    if base is not None and current.at > base.at:
+        seconds = current.at - base.at
+        report["prompt_tokens_per_s"] = round((current.prompt_tokens - base.prompt_tokens) / seconds, 1)
+        report["generation_tokens_per_s"] = round((current.generation_tokens - base.generation_tokens) / seconds, 1)
+        report["over_seconds"] = round(seconds, 1)
+    return report
+
+
+def _ratio(part: int, whole: int) -> float | None:
+    return round(part / whole, 4) if whole > 0 else None
+
+
+def _same_engine(previous: Sample | None, current: Sample) -> bool:
+    """A restarted engine starts its counters again at 0: no rate across the restart."""
+    if previous is None:
+        return False
+    return all(getattr(current, name) >= getattr(previous, name) for name in _COUNTERS.values())
+
+
+def advice(previous: Sample | None, current: Sample, launch_env: Mapping[str, str], max_concurrency: int) -> str | None:
+    """The warning when requests were preempted since `previous` (since the engine started when there
+    is no earlier read of it), or the KV cache stayed full with requests waiting; None when it copes."""
+    base = previous if _same_engine(previous, current) else None
+    preempted = current.preemptions - (base.preemptions if base is not None else 0)
+    full = (
+        base is not None
+        and current.kv_cache_usage >= KV_FULL
+        and base.kv_cache_usage >= KV_FULL
+        and current.waiting > 0
+    )
+    if preempted <= 0 and not full:
+        return None
+    seconds = current.at - base.at if base is not None else 0.0
+    if preempted > 0:
+        when = f"in the last {seconds:.0f} s" if base is not None else "since the engine started"
+        what = (
+            f"{preempted} request{'s were' if preempted != 1 else ' was'} preempted {when} "
+            f"(their KV cache freed for others and their work recomputed later, which slows every reply)"
+        )
+    else:
+        what = f"the KV cache stayed full for {seconds:.0f} s with requests waiting"
+    now = (
+        f"KV cache {current.kv_cache_usage:.0%} used, {current.running} running, {current.waiting} waiting, "
+        f"{current.preemptions} preemptions since the engine started"
+    )
+    seqs = launch_env.get("MAX_NUM_SEQS") or "the worker's default"
+    length = launch_env.get("MAX_MODEL_LEN") or "the model's"
+    dtype = launch_env.get("KV_CACHE_DTYPE") or "auto"
+    tp = launch_env.get("TENSOR_PARALLEL_SIZE") or "1"
+    helps = (
+        f"fewer sequences at once (MAX_NUM_SEQS, now {seqs}, and MAX_CONCURRENCY, now {max_concurrency}), "
+        f"a shorter MAX_MODEL_LEN (now {length}), KV_CACHE_DTYPE=fp8 (now {dtype}), or more memory for the "
+        f"KV cache: a larger card, or TENSOR_PARALLEL_SIZE above {tp}"
+    )
+    return f"The engine is short of KV cache: {what}; {now}. What helps: {helps}."
+
+
+def metrics_url(host: str, port: int) -> str:
+    return f"http://{host}:{port}/metrics"
+
+
+def read(url: str, timeout: float = READ_TIMEOUT_S, clock: Callable[[], float] = time.monotonic) -> tuple[Sample | None, bool]:
+    """(the sample, whether /metrics answered at all)."""
+    try:
+        with _OPENER.open(url, timeout=timeout) as response:
+            text = response.read().decode("utf-8", "replace")
+    except (urllib.error.URLError, OSError, ValueError):
+        return None, False
+    return parse(text, clock()), True
+
+
+class LoadWatch:
+    """Reads /metrics every `interval` seconds beside the job loop; keeps the last read for the status
+    job's rates and warns in the log when the engine is short of KV cache (at most every WARN_EVERY_S)."""
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        launch_env: Mapping[str, str],
+        max_concurrency: int,
+        interval: float = POLL_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.url = metrics_url(host, port)
+        self.launch_env = dict(launch_env)
+        self.max_concurrency = max_concurrency
+        self.interval = interval
+        self.clock = clock
+        self.last: Sample | None = None
+        self._warned_at: float | None = None
+        self._since_warning: Sample | None = None
+        self._stop = threading.Event()
+        self.thread: threading.Thread | None = None
+
+    def start(self) -> "LoadWatch":
+        self.thread = threading.Thread(target=self._run, name="engine-load", daemon=True)
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        while True:
+            sample, _answered = read(self.url, clock=self.clock)
+            if sample is not None:
+                self.observe(sample)
+            if self._stop.wait(self.interval):
+                return
+
+    def observe(self, sample: Sample) -> str | None:
+        """Take one read; returns the warning logged for it, if any."""
+        previous, self.last = self.last, sample
+        baseline = self._since_warning if _same_engine(self._since_warning, sample) else previous
+        warning = advice(baseline, sample, self.launch_env, self.max_concurrency)
+        if warning is None:
+            return None
+        if self._warned_at is not None and sample.at - self._warned_at < WARN_EVERY_S:
+            return None
+        self._warned_at = sample.at
+        self._since_warning = sample
+        log.warning("%s", warning)
+        return warning
+
+    def status(self, current: Sample | None) -> dict[str, Any]:
+        """The status job's figures for a fresh read, with rates since the watch's last read."""
+        return figures(current, self.last)

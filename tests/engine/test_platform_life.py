@@ -1,0 +1,197 @@
+"""The worker's life with the platform, over the REAL vLLM CPU engine and the runpod SDK's own job loop.
+
+What a user meets when the platform cancels a job, when load outgrows the KV cache, and when the
+platform stops the worker (SIGTERM: scale-down, a replaced worker):
+
+- a cancel (the SDK's per-job stop) ends the request in vLLM too, streamed and not: vLLM's own
+  /metrics shows it idle, with far fewer tokens generated than the job asked for;
+- a burst that preempts (the tiny Llama with a 4 MiB KV cache, eight long requests) is shown by
+  the status job (KV cache usage, running, waiting, preemptions, throughput) and warned about in
+  the log, naming the settings that help;
+- SIGTERM with two jobs in flight: with time to drain they complete and are posted, a job sent
+  after the SIGTERM is not taken; with a drain time shorter than the jobs both are answered that
+  the platform stopped the worker and the job can be sent again; no engine process is left.
+
+One worker serves the cancel, load and first SIGTERM cases (one engine boot); a second boots for
+the short drain. tests/integration/test_fresh_worker.py has the idle stop and the fresh worker.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from tests.support import engine_env
+from tests.support.control_plane import ControlPlane
+from tests.support.worker_proc import WorkerProcess, engine_processes, running
+
+pytestmark = pytest.mark.engine
+
+STATUS = {"route": "/worker/status"}
+PROMPT = "hello " * 20
+JOB_TIMEOUT = engine_env.BOOT_TIMEOUT
+# What /shared measured: eight of these at once preempt on the tiny Llama with a 4 MiB KV cache.
+BURST = 8
+BURST_TOKENS = 1500
+# A generous bound for an engine to go idle or a worker to exit, far below what the work would take.
+SETTLE_S = 30.0
+LOAD_POLL_S = 10.0  # engine_load.POLL_S: the warning comes from the worker's next read
+
+
+@dataclass
+class Worker:
+    cp: ControlPlane
+    proc: WorkerProcess
+    port: int
+
+    def metric(self, name: str) -> float:
+        """One of vLLM's own figures, summed over its engines, straight from its /metrics."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=5) as response:
+            text = response.read().decode()
+        values = [float(v) for v in re.findall(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", text, re.M)]
+        assert values, f"{name} is not in vLLM's /metrics"
+        return sum(values)
+
+    def wait_metric(self, name: str, done: Any, timeout: float = SETTLE_S) -> float:
+        deadline = time.monotonic() + timeout
+        while True:
+            value = self.metric(name)
+            if done(value) or time.monotonic() > deadline:
+                return value
+            time.sleep(0.05)
+
+
+def prompt_job(tokens: int, stream: bool = False, n: int = 1) -> dict[str, Any]:
+    if stream:
+        body = {"prompt": PROMPT, "max_tokens": tokens, "min_tokens": tokens, "n": n, "stream": True}
+        return {"openai_route": "/v1/completions", "openai_input": body}
+    return {"prompt": PROMPT, "sampling_params": {"max_tokens": tokens, "min_tokens": tokens, "n": n}}
+
+
+def boot(tiny_model: Path, root: Path, cp: ControlPlane, **overrides: str) -> Worker:
+    env = engine_env.tiny_worker_env(tiny_model, **overrides)
+    proc = WorkerProcess(env, control_plane=cp, workdir=root).start()
+    proc.wait_for_log(r"engine ready; taking jobs", timeout=engine_env.BOOT_TIMEOUT)
+    return Worker(cp, proc, int(env["VLLM_PORT"]))
+
+
+def sigterm_with_two_jobs_in_flight(worker: Worker, tokens: int) -> tuple[list[str], list[psutil.Process]]:
+    jobs = [worker.cp.submit(prompt_job(tokens)) for _ in range(2)]
+    worker.wait_metric("vllm:num_requests_running", lambda v: v >= 2)
+    engines = engine_processes(worker.proc.pid)
+    time.sleep(1.5)  # as in the field report: the jobs are well under way
+    os.kill(worker.proc.pid, signal.SIGTERM)
+    return jobs, engines
+
+
+@pytest.fixture(scope="module")
+def worker(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Worker]:
+    with ControlPlane() as cp:
+        serving = boot(
+            tiny_model,
+            tmp_path_factory.mktemp("platform-life"),
+            cp,
+            MAX_MODEL_LEN="2048",
+            KV_CACHE_MEMORY_BYTES="4194304",
+            MAX_CONCURRENCY="10",
+            DRAIN_TIMEOUT="120",
+        )
+        try:
+            yield serving
+        finally:
+            leftovers = engine_processes(serving.proc.pid) if serving.proc.returncode is None else []
+            serving.proc.stop(timeout=120)
+            for proc in leftovers:
+                if running(proc):
+                    proc.kill()
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["streamed", "not-streamed"])
+def test_a_cancelled_job_ends_its_request_in_the_engine(worker: Worker, stream: bool) -> None:
+    # Four sequences of 2000 tokens: many seconds of work even when the machine is quiet.
+    sequences, tokens = 4, 2000
+    asked = sequences * tokens
+    before = worker.metric("vllm:generation_tokens_total")
+    job = worker.cp.submit(prompt_job(tokens, stream, n=sequences))
+    if stream:
+        worker.cp.wait_for_stream_chunks(job, 1, timeout=JOB_TIMEOUT)
+    else:
+        worker.wait_metric("vllm:num_requests_running", lambda v: v >= 1, timeout=JOB_TIMEOUT)
+    worker.cp.stop(job)
+    cancelled = time.monotonic()
+
+    idle = worker.wait_metric("vllm:num_requests_running", lambda v: v == 0)
+    seconds = time.monotonic() - cancelled
+    generated = worker.metric("vllm:generation_tokens_total") - before
+
+    assert idle == 0
+    assert generated < asked / 2, f"the engine went on generating after the cancel ({generated:g} tokens)"
+    assert worker.cp.results_posted(job) == []
+    print(f"engine idle {seconds:.2f} s after the cancel ({'streamed' if stream else 'not streamed'})")
+
+
+def test_a_burst_that_preempts_is_shown_by_the_status_job_and_warned_about(worker: Worker) -> None:
+    burst = [worker.cp.submit(prompt_job(BURST_TOKENS)) for _ in range(BURST)]
+    worker.wait_metric("vllm:num_requests_running", lambda v: v >= 1, timeout=JOB_TIMEOUT)
+    during = worker.cp.result(worker.cp.submit(STATUS), timeout=JOB_TIMEOUT)["output"][0]["load"]
+    results = [worker.cp.result(job, timeout=JOB_TIMEOUT) for job in burst]
+    after = worker.cp.result(worker.cp.submit(STATUS), timeout=JOB_TIMEOUT)["output"][0]["load"]
+
+    assert all(r["output"][0]["usage"]["completion_tokens"] == BURST_TOKENS for r in results)
+    assert during["available"] is True and during["running"] >= 1
+    assert 0 < during["kv_cache_usage"] <= 1
+    assert after["preemptions"] == worker.metric("vllm:num_preemptions_total") > 0
+    assert (after["running"], after["waiting"]) == (0, 0)
+    assert after["generation_tokens_per_s"] is not None and after["generation_tokens_per_s"] >= 0
+    assert set(after) >= {"kv_cache_usage", "prompt_tokens_per_s", "prefix_cache_hit_rate", "over_seconds"}
+    warning = worker.proc.wait_for_log(r"The engine is short of KV cache: .*", timeout=3 * LOAD_POLL_S).group(0)
+    for name in ("MAX_NUM_SEQS", "MAX_CONCURRENCY", "MAX_MODEL_LEN", "KV_CACHE_DTYPE", "TENSOR_PARALLEL_SIZE"):
+        assert name in warning
+    assert re.search(r"\d+ requests? (?:was|were) preempted", warning), warning
+
+
+def test_sigterm_lets_two_running_jobs_finish_and_takes_no_new_job(worker: Worker) -> None:
+    """Last of the module: it ends the shared worker."""
+    jobs, engines = sigterm_with_two_jobs_in_flight(worker, 600)
+    worker.proc.wait_for_log(r"taking no more jobs; 2 running may finish", timeout=SETTLE_S)
+    time.sleep(1.0)  # past the control plane's hold of the job-take poll the worker gave up
+    late = worker.cp.submit(prompt_job(4))
+
+    results = [worker.cp.result(job, timeout=JOB_TIMEOUT) for job in jobs]
+    code = worker.proc.wait(timeout=SETTLE_S)
+
+    assert [r["output"][0]["usage"]["completion_tokens"] for r in results] == [600, 600]
+    assert code == 0
+    assert worker.cp.taken(late) == []
+    assert [p for p in engines if running(p)] == []
+
+
+def test_a_drain_shorter_than_the_jobs_answers_them_that_the_worker_is_being_stopped(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    with ControlPlane() as cp:
+        short = boot(tiny_model, tmp_path, cp, MAX_MODEL_LEN="2048", DRAIN_TIMEOUT="1")
+        try:
+            jobs, engines = sigterm_with_two_jobs_in_flight(short, 1800)
+            results = [cp.result(job, timeout=JOB_TIMEOUT) for job in jobs]
+            code = short.proc.wait(timeout=SETTLE_S)
+        finally:
+            short.proc.stop(timeout=60)
+
+    for result in results:
+        assert set(result) == {"error"}, result
+        assert "stopped by the platform" in result["error"] and "DRAIN_TIMEOUT=1 seconds" in result["error"]
+        assert "send it again" in result["error"] and "died" not in result["error"]
+    assert code == 0
+    assert [p for p in engines if running(p)] == []
+    assert "2 request(s) to the engine cut" in short.proc.log()

@@ -1,0 +1,127 @@
+"""The drain's decisions in time (serving/platform.Shutdown), over a job loop shaped like the SDK's.
+
+The loop stands in for runpod's JobScaler only where a test must control time: a job that runs
+until told, a job-take poll held open. tests/engine/test_platform_life.py drives the real SDK
+loop over the real engine; these pin what happens at each signal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from typing import Any
+
+import pytest
+
+from vllm_worker.serving import handler, platform
+
+
+class Loop:
+    """What Shutdown drives: the three loops of runpod's JobScaler, the shutdown flag, the job count."""
+
+    def __init__(self, jobs: int) -> None:
+        self._shutdown_event = asyncio.Event()
+        self.jobs = [asyncio.get_running_loop().create_future() for _ in range(jobs)]
+        self.take_cancelled = False
+
+        class Progress:
+            def get_job_count(inner) -> int:
+                return sum(not job.done() for job in self.jobs)
+
+        self.job_progress = Progress()
+
+    def kill_worker(self) -> None:
+        self._shutdown_event.set()
+
+    async def get_jobs(self, session: Any) -> None:
+        try:
+            await asyncio.Event().wait()  # a job-take long poll the platform holds open
+        except asyncio.CancelledError:
+            self.take_cancelled = True
+            raise
+
+    async def run_jobs(self, session: Any) -> None:
+        await self._shutdown_event.wait()
+        await asyncio.gather(*self.jobs)
+
+    async def monitor_stop_signals(self, session: Any) -> None:
+        await asyncio.Event().wait()
+
+
+async def closed() -> None:
+    return None
+
+
+def run(loop_jobs: int, drain: float, signals_at: list[float], finish_jobs_at: float | None, monkeypatch: pytest.MonkeyPatch) -> tuple[Loop, list[str], float]:
+    cut: list[str] = []
+    monkeypatch.setattr(handler, "interrupt_running", lambda state, sentence: (cut.append(sentence), [j.set_result(None) for j in scaler.jobs if not j.done()], 0)[2])
+    scaler: Loop
+
+    async def main() -> float:
+        nonlocal scaler
+        scaler = Loop(loop_jobs)
+        shutdown = platform.Shutdown()
+        shutdown.serving(handler.WorkerState(), drain, local_api=False)
+        shutdown._scaler = scaler
+        loop = asyncio.get_running_loop()
+        for at in signals_at:
+            loop.call_later(at, shutdown.on_signal, signal.SIGTERM, None)
+        if finish_jobs_at is not None:
+            loop.call_later(finish_jobs_at, lambda: [j.set_result(None) for j in scaler.jobs if not j.done()])
+        started = loop.time()
+        await shutdown.run_loop(scaler, closed)
+        return loop.time() - started
+
+    import runpod.http_client  # the session the SDK's loop opens
+
+    class Session:
+        async def __aenter__(self) -> "Session":
+            return self
+
+        async def __aexit__(self, *exc: object) -> None:
+            return None
+
+    monkeypatch.setattr(runpod.http_client, "AsyncClientSession", Session)
+    took = asyncio.run(main())
+    return scaler, cut, took
+
+
+def test_an_idle_worker_ends_its_loop_at_the_signal_and_cancels_the_held_poll(monkeypatch: pytest.MonkeyPatch) -> None:
+    scaler, cut, took = run(0, drain=60, signals_at=[0.05], finish_jobs_at=None, monkeypatch=monkeypatch)
+    assert scaler.take_cancelled and cut == []
+    assert took < 30  # far below the drain time: nothing ran, nothing was waited for
+
+
+def test_running_jobs_that_finish_within_the_drain_are_not_cut(monkeypatch: pytest.MonkeyPatch) -> None:
+    scaler, cut, _ = run(2, drain=60, signals_at=[0.05], finish_jobs_at=0.3, monkeypatch=monkeypatch)
+    assert cut == [] and all(job.done() for job in scaler.jobs)
+
+
+def test_jobs_still_running_at_the_drain_time_are_answered_that_the_worker_is_being_stopped(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _, cut, _ = run(2, drain=0.2, signals_at=[0.05], finish_jobs_at=None, monkeypatch=monkeypatch)
+    assert cut == [platform.stopped_sentence(0.2)]
+    assert "DRAIN_TIMEOUT=0.2 seconds" in cut[0] and "send it again" in cut[0]
+
+
+def test_a_second_signal_ends_the_wait_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    _, cut, took = run(1, drain=60, signals_at=[0.05, 0.1], finish_jobs_at=None, monkeypatch=monkeypatch)
+    assert cut == [platform.stopped_sentence(60, at_once=True)]
+    assert took < 30
+
+
+def test_a_signal_marks_jobs_not_yet_running_as_stopped() -> None:
+    state = handler.WorkerState()
+    shutdown = platform.Shutdown()
+    shutdown.serving(state, 3.0, local_api=False)
+    shutdown.on_signal(signal.SIGTERM, None)
+    assert state.stopping == platform.new_job_sentence()
+
+
+def test_a_signal_during_startup_stops_the_engine_and_ends_startup() -> None:
+    stopped: list[bool] = []
+    shutdown = platform.Shutdown(lambda: stopped.append(True))
+    with pytest.raises(platform.Stopped) as ended:
+        shutdown.on_signal(signal.SIGTERM, None)
+    assert stopped == [True] and ended.value.code == 143
