@@ -31,7 +31,8 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 
-from vllm_worker.serving.handler import WorkerState, close_session, configure, handler  # noqa: E402
+from vllm_worker.serving.handler import close_session, configure, handler  # noqa: E402
+from vllm_worker.serving.state import WorkerState  # noqa: E402
 
 MODEL = "bench/model"
 CHAT_JSON = json.dumps(

@@ -44,6 +44,7 @@ from vllm_worker.engine import compile_cache
 from vllm_worker.engine.download_progress import DownloadPlan, expected_bytes, repo_folder
 from vllm_worker.engine.launcher import Launcher, MemoryWait, StartupOutcome, Supervisor, start_engine
 from vllm_worker.engine.monitor import EngineMonitor
+from vllm_worker.serving.state import WorkerState
 
 log = logging.getLogger("vllm_worker")
 
@@ -65,7 +66,7 @@ def run(env: Mapping[str, str] | None = None) -> int:
         sdk_import.join()
         shutdown = runpod_glue.Shutdown()
         shutdown.install()
-        return _serve(handler.WorkerState(fatal=str(exc)), 1, shutdown, 0.0)
+        return _serve(WorkerState(fatal=str(exc)), 1, shutdown, 0.0)
 
     supervisor = Supervisor(settings)
     shutdown = runpod_glue.Shutdown(supervisor.stop)
@@ -107,7 +108,7 @@ def _start_and_serve(
 
     if outcome.fatal:
         outcome.fatal = fresh_worker(outcome.fatal, outcome.cause)
-    state = handler.WorkerState(
+    state = WorkerState(
         fatal=outcome.fatal,
         served_model_name=outcome.served_model_name,
         port=settings.vllm_port,
@@ -135,14 +136,15 @@ def _start_and_serve(
         state.mark_ready()
         log.info("engine ready; taking jobs (up to %d at once)", settings.max_concurrency)
     if outcome.engine is not None and not outcome.fatal and outcome.climb is not None:
+        climb = outcome.climb
         state.load_watch = engine_load.LoadWatch(
-            settings.vllm_host, settings.vllm_port, outcome.launch_env, settings.max_concurrency
+            settings.vllm_host, settings.vllm_port, lambda: climb.profile, settings.max_concurrency
         ).start()
         EngineMonitor(
             supervisor,
             settings,
             state,
-            outcome.climb,
+            climb,
             outcome.launches,
             memory_waiter(settings),
             launcher=outcome.launcher,
@@ -152,7 +154,7 @@ def _start_and_serve(
     return _serve(state, settings.max_concurrency, shutdown, settings.drain_timeout)
 
 
-def _serve(state: handler.WorkerState, concurrency: int, shutdown: runpod_glue.Shutdown, drain_timeout: float) -> int:
+def _serve(state: WorkerState, concurrency: int, shutdown: runpod_glue.Shutdown, drain_timeout: float) -> int:
     handler.configure(state)
     return runpod_glue.serve(handler.handler, handler.close_session, concurrency, shutdown, state, drain_timeout)
 

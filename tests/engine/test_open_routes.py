@@ -29,7 +29,8 @@ import pytest
 from tests.support import engine_env
 from tests.support.engine_env import STOP_GRACE, start_ready_engine
 from vllm_worker.engine.process import Engine
-from vllm_worker.serving.handler import WorkerState, close_session, configure, handler
+from vllm_worker.serving.handler import close_session, configure, handler
+from vllm_worker.serving.state import WorkerState
 from vllm_worker.serving.job_input import ALLOWED_ROUTES, BODYLESS_ROUTES, CHAT_KEYS, CLOSED_ROUTES, COMPLETION_KEYS
 
 pytestmark = pytest.mark.engine

@@ -36,7 +36,7 @@ from vllm_worker.engine import gpu_memory
 from vllm_worker.engine import ladder
 from vllm_worker.diagnosis import startup_errors
 from vllm_worker.serving import handler as handler_module
-from vllm_worker.serving.handler import WorkerState
+from vllm_worker.serving.state import WorkerState
 
 pytestmark = pytest.mark.integration
 

@@ -18,7 +18,8 @@ import pytest
 from aiohttp import web
 
 from vllm_worker.serving import handler as handler_module
-from vllm_worker.serving.handler import WorkerState, close_session, configure, handler, split_events
+from vllm_worker.serving.handler import close_session, configure, handler, split_events
+from vllm_worker.serving.state import WorkerState
 
 SERVED = "org/served-model"
 

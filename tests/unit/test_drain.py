@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from vllm_worker.serving import handler, platform
+from vllm_worker.serving.state import WorkerState
 
 
 class Loop:
@@ -61,7 +62,7 @@ def run(loop_jobs: int, drain: float, signals_at: list[float], finish_jobs_at: f
         nonlocal scaler
         scaler = Loop(loop_jobs)
         shutdown = platform.Shutdown()
-        shutdown.serving(handler.WorkerState(), drain, local_api=False)
+        shutdown.serving(WorkerState(), drain, local_api=False)
         shutdown._scaler = scaler
         loop = asyncio.get_running_loop()
         for at in signals_at:
@@ -112,7 +113,7 @@ def test_a_second_signal_ends_the_wait_at_once(monkeypatch: pytest.MonkeyPatch) 
 
 
 def test_a_signal_marks_jobs_not_yet_running_as_stopped() -> None:
-    state = handler.WorkerState()
+    state = WorkerState()
     shutdown = platform.Shutdown()
     shutdown.serving(state, 3.0, local_api=False)
     shutdown.on_signal(signal.SIGTERM, None)

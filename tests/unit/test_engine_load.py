@@ -11,6 +11,7 @@ import logging
 
 import pytest
 
+from vllm_worker.config.profile import LaunchProfile
 from vllm_worker.serving import engine_load
 
 
@@ -72,7 +73,7 @@ def test_preemptions_are_warned_about_with_the_figures_and_the_settings_that_hel
     before = engine_load.parse(metrics(4, 0, 0.8, 2), at=0.0)
     now = engine_load.parse(metrics(4, 4, 0.97, 10), at=10.0)
     assert before is not None and now is not None
-    warning = engine_load.advice(before, now, ENV, 12)
+    warning = engine_load.advice(before, now, LaunchProfile.parse(ENV), 12)
     assert warning is not None
     assert warning.startswith("The engine is short of KV cache: 8 requests were preempted in the last 10 s")
     assert "KV cache 97% used, 4 running, 4 waiting, 10 preemptions since the engine started" in warning
@@ -96,11 +97,11 @@ def test_a_full_kv_cache_is_warned_about_only_when_it_stays_full_with_requests_w
     first = engine_load.parse(metrics(*before), at=0.0)
     second = engine_load.parse(metrics(*now), at=10.0)
     assert second is not None
-    assert (engine_load.advice(first, second, {}, 30) is not None) is warned
+    assert (engine_load.advice(first, second, LaunchProfile.parse({}), 30) is not None) is warned
 
 
 def test_the_watch_warns_at_most_once_per_interval(caplog: pytest.LogCaptureFixture) -> None:
-    watch = engine_load.LoadWatch("127.0.0.1", 1, {}, 30)
+    watch = engine_load.LoadWatch("127.0.0.1", 1, lambda: LaunchProfile.parse({}), 30)
     caplog.set_level(logging.WARNING, logger="vllm_worker")
     reads = [engine_load.parse(metrics(4, 4, 0.9, n), at=10.0 * i) for i, n in enumerate([0, 2, 5, 9])]
     later = engine_load.parse(metrics(4, 4, 0.9, 20), at=10.0 + engine_load.WARN_EVERY_S)
@@ -114,6 +115,6 @@ def test_the_watch_warns_at_most_once_per_interval(caplog: pytest.LogCaptureFixt
 def test_preemptions_before_the_first_read_of_an_engine_are_counted_since_it_started() -> None:
     first = engine_load.parse(metrics(0, 0, 0.1, 6), at=3.0)
     assert first is not None
-    warning = engine_load.advice(None, first, {}, 30)
+    warning = engine_load.advice(None, first, LaunchProfile.parse({}), 30)
     assert warning is not None and "6 requests were preempted since the engine started" in warning
-    assert engine_load.advice(None, engine_load.parse(metrics(0, 0, 0.1, 0), at=3.0), {}, 30) is None
+    assert engine_load.advice(None, engine_load.parse(metrics(0, 0, 0.1, 0), at=3.0), LaunchProfile.parse({}), 30) is None

@@ -19,7 +19,7 @@ from vllm_worker.engine.launcher import Attempt
 from vllm_worker.engine.monitor import EngineMonitor
 from vllm_worker.engine.ladder import Ladder
 from vllm_worker.config.profile import LaunchProfile
-from vllm_worker.serving.handler import WorkerState
+from vllm_worker.serving.state import WorkerState
 from vllm_worker.engine.ladder import MAX_RESTARTS, RESTART_WINDOW_S, restart_allowed, restart_budget_phrase
 from vllm_worker.diagnosis.runtime import ENGINE_DEAD_TEXT, RUNTIME_KINDS, SERVING_MARKER, runtime_failure
 

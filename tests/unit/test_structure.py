@@ -69,3 +69,122 @@ def test_no_module_is_two_modules() -> None:
     sizes = {name: len(path.read_text().splitlines()) for name, path in modules().items()}
     too_large = {name: n for name, n in sizes.items() if n > MAX_LINES}
     assert not too_large, too_large
+
+
+def _used_names(tree: ast.AST) -> set[str]:
+    """Names a module uses, string annotations included; a name listed only in `__all__` is passed on, not used."""
+    listed = {
+        id(const)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets)
+        for const in ast.walk(node.value)
+    }
+    used: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in listed:
+            continue
+        if isinstance(node, ast.Name):
+            used.add(node.id)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            used.update(node.value.replace("[", " ").replace("]", " ").replace(".", " ").replace("|", " ").split())
+    return used
+
+
+def test_no_reexport_outside_a_face() -> None:
+    """A name imported from the package is used where it is imported; only a folder's face passes names on."""
+    found: list[str] = []
+    for name, path in modules().items():
+        if path.name == "__init__.py":
+            continue
+        tree = ast.parse(path.read_text())
+        used = _used_names(tree)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "vllm_worker":
+                for alias in node.names:
+                    bound = alias.asname or alias.name
+                    if bound not in used:
+                        found.append(f"{name}: {bound} (from {node.module})")
+    assert not found, "imported and never used (a re-export): " + "; ".join(found)
+
+
+# Folder -> the folders (or single modules) of the package it may import. `main` wires them all.
+FOLDER_RULE: dict[str, set[str]] = {
+    "config": set(),
+    "diagnosis": {"config"},
+    "model": {"config", "diagnosis"},
+    "capacity": {"config", "diagnosis", "model", "engine.ladder"},
+    "engine": {"config", "diagnosis", "model", "capacity", "serving.state"},
+    "serving": {"config", "diagnosis"},
+}
+
+
+def _folder(module: str) -> str:
+    return module.split(".")[0]
+
+
+def test_each_folder_imports_only_what_comes_before_it_in_a_start() -> None:
+    broken: list[str] = []
+    for module, targets in graph().items():
+        folder = _folder(module)
+        allowed = FOLDER_RULE.get(folder)
+        if allowed is None:
+            continue
+        for target in sorted(targets):
+            if _folder(target) == folder or target in allowed or _folder(target) in allowed:
+                continue
+            broken.append(f"{module} -> {target}")
+    assert not broken, "imports across the folder rule: " + "; ".join(broken)
+
+
+def _launch_knobs() -> set[str]:
+    from vllm_worker.config import args_builder, settings
+
+    return set(args_builder.FLAGS) | set(args_builder.ALIASES) | set(args_builder.LEGACY_ALIASES) | set(
+        settings.DOCUMENTED
+    ) | set(args_builder.WORKER_VARIABLES) | {"HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_ENDPOINT",
+                                              "VLLM_USE_MODELSCOPE", "VLLM_CPU_KVCACHE_SPACE"}
+
+
+def env_reads(source: str, knobs: set[str]) -> list[str]:
+    """Where `source` reads one of `knobs` from an environment mapping: `env.get("X")`, `env["X"]`,
+    `"X" in env`, or a helper called with an env and the name (`value(env, "X")`)."""
+    found: list[str] = []
+    for node in ast.walk(ast.parse(source)):
+        key = None
+        if (
+            isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+            and node.func.attr in ("get", "pop", "setdefault") and node.args
+            and "env" in ast.unparse(node.func.value).lower()
+        ):
+            key = node.args[0]
+        elif isinstance(node, ast.Call) and len(node.args) > 1 and "env" in ast.unparse(node.args[0]).lower():
+            key = node.args[1]
+        elif isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load) and "env" in ast.unparse(node.value).lower():
+            key = node.slice
+        elif isinstance(node, ast.Compare) and any(isinstance(op, (ast.In, ast.NotIn)) for op in node.ops):
+            if any("env" in ast.unparse(c).lower() for c in node.comparators):
+                key = node.left
+        if isinstance(key, ast.Constant) and key.value in knobs:
+            found.append(f"{node.lineno} reads {key.value}")
+    return found
+
+
+def test_the_env_read_check_sees_each_way_of_reading() -> None:
+    knobs = {"MAX_NUM_SEQS"}
+    for line in ('os.environ.get("MAX_NUM_SEQS")', 'env["MAX_NUM_SEQS"]', '"MAX_NUM_SEQS" in launch_env',
+                 'env_value(ctx.env, "MAX_NUM_SEQS")'):
+        assert env_reads(line, knobs) == ["1 reads MAX_NUM_SEQS"], line
+    for line in ('profile.value("MAX_NUM_SEQS")', 'overrides["MAX_NUM_SEQS"] = "8"', '"MAX_NUM_SEQS" in step.changes'):
+        assert env_reads(line, knobs) == [], line
+
+
+def test_only_config_reads_a_launch_knob_from_an_environment() -> None:
+    """Outside `config/`, a knob is read from a LaunchProfile or Settings, never from an env mapping."""
+    knobs = _launch_knobs()
+    found = [
+        f"{module}:{where}"
+        for module, path in modules().items()
+        if _folder(module) != "config"
+        for where in env_reads(path.read_text(), knobs)
+    ]
+    assert not found, "; ".join(found)

@@ -29,7 +29,7 @@ from typing import Any, Callable, Mapping, Sequence
 from vllm_worker.diagnosis import runtime
 from vllm_worker.diagnosis.runtime import hang_diagnosis, restarting_sentence
 from vllm_worker.diagnosis.verdict import Failure
-from vllm_worker.serving import handler
+from vllm_worker.serving.state import WorkerState
 
 from vllm_worker.engine import ladder
 
@@ -81,7 +81,7 @@ class EngineMonitor:
         self,
         supervisor: Supervisor,
         settings: settings_mod.Settings,
-        state: handler.WorkerState,
+        state: WorkerState,
         climb: ladder.Ladder,
         launches: Sequence[dict[str, Any]],
         wait_for_memory: MemoryWait | None,

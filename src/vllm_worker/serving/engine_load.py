@@ -25,7 +25,9 @@ import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
+
+from vllm_worker.config.profile import LaunchProfile
 
 log = logging.getLogger("vllm_worker")
 
@@ -138,7 +140,7 @@ def _same_engine(previous: Sample | None, current: Sample) -> bool:
     return all(getattr(current, name) >= getattr(previous, name) for name in _COUNTERS.values())
 
 
-def advice(previous: Sample | None, current: Sample, launch_env: Mapping[str, str], max_concurrency: int) -> str | None:
+def advice(previous: Sample | None, current: Sample, profile: LaunchProfile, max_concurrency: int) -> str | None:
     """The warning when requests were preempted since `previous` (since the engine started when there
     is no earlier read of it), or the KV cache stayed full with requests waiting; None when it copes."""
     base = previous if _same_engine(previous, current) else None
@@ -164,10 +166,10 @@ def advice(previous: Sample | None, current: Sample, launch_env: Mapping[str, st
         f"KV cache {current.kv_cache_usage:.0%} used, {current.running} running, {current.waiting} waiting, "
         f"{current.preemptions} preemptions since the engine started"
     )
-    seqs = launch_env.get("MAX_NUM_SEQS") or "the worker's default"
-    length = launch_env.get("MAX_MODEL_LEN") or "the model's"
-    dtype = launch_env.get("KV_CACHE_DTYPE") or "auto"
-    tp = launch_env.get("TENSOR_PARALLEL_SIZE") or "1"
+    seqs = profile.value("MAX_NUM_SEQS") or "the worker's default"
+    length = profile.value("MAX_MODEL_LEN") or "the model's"
+    dtype = profile.value("KV_CACHE_DTYPE") or "auto"
+    tp = profile.value("TENSOR_PARALLEL_SIZE") or "1"
     helps = (
         f"fewer sequences at once (MAX_NUM_SEQS, now {seqs}, and MAX_CONCURRENCY, now {max_concurrency}), "
         f"a shorter MAX_MODEL_LEN (now {length}), KV_CACHE_DTYPE=fp8 (now {dtype}), or more memory for the "
@@ -198,13 +200,13 @@ class LoadWatch:
         self,
         host: str,
         port: int,
-        launch_env: Mapping[str, str],
+        profile: Callable[[], LaunchProfile],
         max_concurrency: int,
         interval: float = POLL_S,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.url = metrics_url(host, port)
-        self.launch_env = dict(launch_env)
+        self.profile = profile  # the configuration serving now (a restart may have taken a ladder step)
         self.max_concurrency = max_concurrency
         self.interval = interval
         self.clock = clock
@@ -234,7 +236,7 @@ class LoadWatch:
         """Take one read; returns the warning logged for it, if any."""
         previous, self.last = self.last, sample
         baseline = self._since_warning if _same_engine(self._since_warning, sample) else previous
-        warning = advice(baseline, sample, self.launch_env, self.max_concurrency)
+        warning = advice(baseline, sample, self.profile(), self.max_concurrency)
         if warning is None:
             return None
         if self._warned_at is not None and sample.at - self._warned_at < WARN_EVERY_S:

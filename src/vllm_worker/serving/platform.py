@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any, AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 
 from vllm_worker.serving import handler as handler_mod
+from vllm_worker.serving.state import WorkerState
 
 log = logging.getLogger("vllm_worker")
 
@@ -90,7 +91,7 @@ class Shutdown:
         self.stop_engine = stop_engine
         self.signals = 0
         self.phase = "starting"  # "starting", "jobs" (the SDK's job loop), "local" (uvicorn's own)
-        self.state: handler_mod.WorkerState | None = None
+        self.state: WorkerState | None = None
         self.drain_timeout = 0.0
         self._owner = os.getpid()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -102,7 +103,7 @@ class Shutdown:
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, self.on_signal)
 
-    def serving(self, state: handler_mod.WorkerState, drain_timeout: float, local_api: bool) -> None:
+    def serving(self, state: WorkerState, drain_timeout: float, local_api: bool) -> None:
         """Startup is over: from now on a signal drains the job loop (or lets uvicorn stop)."""
         self.state = state
         self.drain_timeout = drain_timeout
@@ -269,7 +270,7 @@ def serve(
     close_session: Callable[[], Awaitable[None]],
     concurrency: int,
     shutdown: Shutdown,
-    state: handler_mod.WorkerState,
+    state: WorkerState,
     drain_timeout: float,
 ) -> int:
     """Answer jobs: one local test job, or the SDK's job loop (or its local API) until stopped; the exit code."""

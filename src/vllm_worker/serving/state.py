@@ -1,0 +1,71 @@
+"""What the job side and the engine's watcher share: one `WorkerState`.
+
+`main` fills it after startup; the handler reads it on every job; `engine.monitor` tells it
+about a death, a hang or a relaunch (`record_death`, `mark_ready`, `fatal`, `status`), and the
+platform's stop (`begin_stop`). It is the only thing of `serving` that `engine` may import.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from vllm_worker.serving import engine_load
+
+
+class _Flag(Protocol):
+    def is_set(self) -> bool: ...
+
+    def set(self) -> None: ...
+
+    def clear(self) -> None: ...
+
+
+@dataclass
+class WorkerState:
+    """What main tells the handler about the worker; replaced or mutated by main only (context_length aside)."""
+
+    served_model_name: str = ""
+    port: int = 8000
+    host: str = "127.0.0.1"
+    max_concurrency: int = 30
+    request_timeout: float = 600.0
+    ready_timeout: float = 300.0
+    # DEFAULT_MAX_TOKENS: budget of a shorthand job that names no max_tokens; None: to the end of the context.
+    default_max_tokens: int | None = None
+    # When set, every job is answered at once with {"error": fatal}.
+    fatal: str | None = None
+    # Degraded launch profile, e.g. {"name": "eager", "reason": "...", "overrides": {...}}.
+    profile: dict[str, Any] | None = None
+    # Launches, causes, capacity line: returned as-is by a status job.
+    status: dict[str, Any] = field(default_factory=dict)
+    # Set by main while the engine answers; jobs wait for it up to ready_timeout.
+    ready: _Flag = field(default_factory=threading.Event)
+    # Engine deaths while serving, counted by main; `death` is what a job that was running then is told.
+    deaths: int = 0
+    death: str | None = None
+    # The handler's cache: (deaths when read, the engine's max_model_len from /v1/models).
+    context_length: tuple[int, int] | None = None
+    # Set when the platform stops the worker: what a job that cannot run any more is told.
+    stopping: str | None = None
+    # Reads vLLM's /metrics beside the job loop; the status job shows its figures.
+    load_watch: engine_load.LoadWatch | None = None
+
+    def mark_ready(self) -> None:
+        """The engine answers: jobs go through (thread-safe; main's supervisor may call it)."""
+        self.ready.set()
+
+    def mark_not_ready(self) -> None:
+        """The engine is being (re)started: new jobs wait up to ready_timeout."""
+        self.ready.clear()
+
+    def record_death(self, sentence: str) -> None:
+        """The serving engine died: jobs that were running end with `sentence`, new ones wait."""
+        self.ready.clear()
+        self.death = sentence
+        self.deaths += 1  # after `death`: a job that sees the count change reads the sentence
+
+    def begin_stop(self, new_jobs: str) -> None:
+        """The platform stops the worker: jobs not yet running (or waiting for the engine) end with `new_jobs`."""
+        self.stopping = new_jobs
