@@ -266,7 +266,7 @@ def _startup(
     summary = result.model_info_summary
     download = None
     if result.skipped_reason is None and summary is not None:
-        hub_cache = model_cache.cache_roots(profile.env)[-1][1]
+        hub_cache = model_cache.cache_roots(profile)[-1][1]
         download = DownloadPlan(
             summary.repo,
             repo_folder(hub_cache, summary.repo),

@@ -38,7 +38,7 @@ import pytest
 
 from tests.support import engine_env
 from tests.support.control_plane import ControlPlane
-from tests.support.worker_proc import WorkerProcess
+from tests.support.worker_proc import WorkerProcess, running
 from vllm_worker.config.profile import LaunchProfile
 from vllm_worker.diagnosis import runtime
 from vllm_worker.diagnosis.verdict import Failure
@@ -84,13 +84,6 @@ def base_env(model: Path, port: int) -> dict[str, str]:
         "WORKER_READY_TIMEOUT": str(int(engine_env.BOOT_TIMEOUT)),
         "REQUEST_TIMEOUT": REQUEST_TIMEOUT,
     }
-
-
-def running(proc: psutil.Process) -> bool:
-    try:
-        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 def engine_leader(worker: WorkerProcess) -> psutil.Process:

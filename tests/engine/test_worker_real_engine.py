@@ -28,7 +28,7 @@ import pytest
 
 from tests.support import engine_env
 from tests.support.control_plane import ControlPlane
-from tests.support.worker_proc import WorkerProcess
+from tests.support.worker_proc import WorkerProcess, engine_processes, running
 
 pytestmark = pytest.mark.engine
 
@@ -73,18 +73,6 @@ def worker_env(model: Path, port: int) -> dict[str, str]:
         # A typo a user makes: not a vLLM option, warned about in the log and the status job.
         "MAX_NUM_SEQ": "16",
     }
-
-
-def engine_processes(worker_pid: int) -> list[psutil.Process]:
-    """Everything the worker started: the engine's API server, engine core and worker processes."""
-    return psutil.Process(worker_pid).children(recursive=True)
-
-
-def running(proc: psutil.Process) -> bool:
-    try:
-        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 def serving_on(port: int) -> list[psutil.Process]:

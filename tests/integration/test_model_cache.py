@@ -98,7 +98,7 @@ def test_local_paths_and_baked_models_are_not_looked_up(hub: HubStub, tmp_path: 
 
 
 def test_the_default_roots_are_runpods_then_hf_home(tmp_path: Path) -> None:
-    roots = model_cache.cache_roots({"HF_HOME": str(tmp_path / "hf")})
+    roots = model_cache.cache_roots(LaunchProfile.parse({"HF_HOME": str(tmp_path / "hf")}))
     assert roots == [
         ("Runpod model cache", Path("/runpod-volume/huggingface-cache/hub")),
         ("HF_HUB_CACHE", tmp_path / "hf" / "hub"),

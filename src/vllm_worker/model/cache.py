@@ -68,13 +68,13 @@ class CachedModel:
         )
 
 
-def cache_roots(env: Mapping[str, str]) -> list[tuple[str, Path]]:
+def cache_roots(profile: LaunchProfile) -> list[tuple[str, Path]]:
     """The Hugging Face hub caches to look in, in order: Runpod's, then the one the engine would use."""
-    roots = [("Runpod model cache", Path(env.get(RUNPOD_CACHE_VARIABLE) or RUNPOD_CACHE))]
-    hub = env.get("HF_HUB_CACHE") or env.get("HUGGINGFACE_HUB_CACHE")
+    roots = [("Runpod model cache", Path(profile.raw(RUNPOD_CACHE_VARIABLE) or RUNPOD_CACHE))]
+    hub = profile.raw("HF_HUB_CACHE") or profile.raw("HUGGINGFACE_HUB_CACHE")
     if not hub:
-        home = env.get("HF_HOME") or os.path.join(env.get("XDG_CACHE_HOME") or os.path.join(env.get("HOME", "~"), ".cache"), "huggingface")
-        hub = os.path.join(home, "hub")
+        cache_home = profile.raw("XDG_CACHE_HOME") or os.path.join(profile.raw("HOME") or "~", ".cache")
+        hub = os.path.join(profile.raw("HF_HOME") or os.path.join(cache_home, "huggingface"), "hub")
     path = Path(hub).expanduser()
     if all(path != root for _, root in roots):
         roots.append(("HF_HUB_CACHE", path))
@@ -159,7 +159,7 @@ def lookup(profile: LaunchProfile) -> CachedModel | None:
     model = profile.model
     if not model or not _is_repo_id(model) or profile.baked_model_path:
         return None
-    roots = cache_roots(profile.env)
+    roots = cache_roots(profile)
     found = find(model, profile.revision, roots)
     if found is None:
         return None
