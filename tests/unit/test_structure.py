@@ -188,3 +188,11 @@ def test_only_config_reads_a_launch_knob_from_an_environment() -> None:
         for where in env_reads(path.read_text(), knobs)
     ]
     assert not found, "; ".join(found)
+
+
+def test_no_two_test_files_share_a_name() -> None:
+    """pytest imports test files by their base name (the test folders are not packages): two files
+    of one name in different folders stop the whole run at collection."""
+    tests = PACKAGE.parents[1] / "tests"
+    names = [p.name for p in tests.rglob("test_*.py")]
+    assert sorted({n for n in names if names.count(n) > 1}) == []
