@@ -8,10 +8,10 @@ holds for failures no rule knows too: they are answered with vLLM's own root err
 a fault that may be the host's gets one relaunch, then the answer says how to get a
 fresh machine.
 
-The steps live in their own modules: `model_cache` and `preflight` (is the model there),
-`capacity` (does it fit), `launcher` (one launch attempt, and the startup ladder),
-`monitor` (a death or a hang while serving, restarted in place), `runpod_glue` (the SDK's
-job loop, the local API and the local test). docs/architecture.md draws the path.
+The steps live in folders named for the questions of a start: `config` (what was asked for),
+`model` (is the model there), `capacity` (does it fit), `engine` (one launch path, the ladder,
+the monitor), `diagnosis` (why a start failed), `serving` (the jobs, and every contact with the
+runpod SDK). docs/architecture.md draws the path.
 """
 
 from __future__ import annotations

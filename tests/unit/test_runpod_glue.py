@@ -1,4 +1,4 @@
-"""The runpod SDK (1.12) behaviour `runpod_glue` relies on, pinned, and the local test built on it.
+"""The runpod SDK (1.12) behaviour `serving.platform` relies on, pinned, and the local test built on it.
 
 `run_like_the_platform` must give the result the SDK's own job loop sends for the same handler
 and job; the test runs both on the same handlers (the SDK's `handle_job` with its network

@@ -17,7 +17,7 @@ from vllm_worker.diagnosis.rules import clean_lines
 
 # --- the engine died while serving ------------------------------------------------------------
 
-# Why an engine that had started and served stopped. Not startup kinds: `recovery`'s ladder never sees these.
+# Why an engine that had started and served stopped. Not startup kinds: `engine.ladder`'s ladder never sees these.
 RUNTIME_KINDS: dict[str, str] = {
     "runtime_oom": "the engine started fine and then ran out of memory on a request",
     "engine_died": "the engine stopped while serving, for a reason other than memory",

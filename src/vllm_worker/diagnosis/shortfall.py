@@ -47,7 +47,7 @@ _DETAIL_PRIORITY = (
 
 
 def _knob_fixes(ctx: Context, observed_seqs: int | None = None) -> list[str]:
-    """The relaunch knobs (see `recovery`) that are still left to turn."""
+    """The relaunch knobs (see `engine.ladder`) that are still left to turn."""
     fixes: list[str] = []
     knobs = ctx.profile
     max_concurrency = knobs.max_concurrency

@@ -5,7 +5,7 @@ dies the worker turns the last few hundred lines of its output into one message:
 cause, the value that caused it, what the worker already tried and the fixes that
 remain. vLLM's own last lines are secondary ("EngineCore failed to start.", "Engine core
 initialization failed. See root cause above."): the root cause is an exception further
-up, often printed twice, among INFO lines of a start that got far. `failure_rules` holds
+up, often printed twice, among INFO lines of a start that got far. `rules` holds
 the wordings of every known cause (one table, many versions); the last specific match
 names the cause, and a cause that lives only in vLLM's root exception (a driver, NCCL, a
 missing library, unreadable model files) is read from that line alone.

@@ -18,7 +18,7 @@ from vllm_worker.diagnosis.rules import Hit
 
 _GIB = 2**30
 
-# A memory relaunch step lowers MAX_NUM_BATCHED_TOKENS to at most this (see `recovery`).
+# A memory relaunch step lowers MAX_NUM_BATCHED_TOKENS to at most this (see `engine.ladder`).
 EAGER_MAX_BATCHED_TOKENS = 8192
 # The most GPU_MEMORY_UTILIZATION the worker ever advises (vLLM's default is
 # DEFAULT_GPU_MEMORY_UTILIZATION): above it, CUDA context and fragmentation have no room left.
@@ -54,7 +54,7 @@ class Diagnosis:
 
 
 
-# --- knobs a memory relaunch can still turn (shared with `recovery`) -----------
+# --- knobs a memory relaunch can still turn (shared with `engine.ladder`) -----------
 
 
 def size_text(size_bytes: int) -> str:
