@@ -137,9 +137,7 @@ def fit_profile(
     step, launch_env, chosen_plan = chosen
     decision.status = "profile"
     decision.relaunch = step
-    decision.overrides = {
-        k: v for k, v in step.overrides.items() if (k in env if v is None else env.get(k) != v)
-    }
+    decision.overrides = ladder.overrides_against(env, step.overrides)
     decision.plan = chosen_plan
     decision.warnings = list(step.warnings)
     for name, value in decision.overrides.items():

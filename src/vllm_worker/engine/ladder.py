@@ -162,15 +162,19 @@ def next_launch(
     if isinstance(plan, Stop):
         return plan
     relaunch = plan.relaunch
-    # Only what differs from the user's configuration is an override.
-    overrides = {name: value for name, value in relaunch.overrides.items() if _changes(base_env, name, value)}
+    overrides = overrides_against(base_env, relaunch.overrides)
     # The context length is the user's promise to their clients: never changed behind their back.
     assert "MAX_MODEL_LEN" not in overrides
     return replace(relaunch, overrides=overrides)
 
 
-def _changes(base_env: Mapping[str, str], name: str, value: str | None) -> bool:
-    return name in base_env if value is None else base_env.get(name) != value
+def overrides_against(base_env: Mapping[str, str], overrides: Mapping[str, str | None]) -> dict[str, str | None]:
+    """Only what differs from the user's configuration is an override (a value set, or a variable removed)."""
+    return {
+        name: value
+        for name, value in overrides.items()
+        if (name in base_env if value is None else base_env.get(name) != value)
+    }
 
 
 def _plan(
@@ -316,7 +320,7 @@ def next_after_death(
     step = _seqs_step(serving, prior, max_concurrency) or _eager_step(serving, prior, device_total_bytes)
     if step is None:
         return None
-    overrides = {name: value for name, value in step.relaunch.overrides.items() if _changes(base_env, name, value)}
+    overrides = overrides_against(base_env, step.relaunch.overrides)
     assert "MAX_MODEL_LEN" not in overrides
     return replace(step.relaunch, overrides=overrides)
 
