@@ -504,3 +504,26 @@ NOISE_ONLY = "\n".join(
         "Failed core proc(s): {'EngineCore_DP0': 1}",
     ]
 )
+
+# --- a fault of the machine while serving ------------------------------------------------
+
+# Verbatim, the first five lines of the log in https://github.com/vllm-project/vllm/issues/9321
+# (October 2024, vLLM version not stated, TP>1): an engine that had served for a long time
+# (NCCL work 203441) dies on one request as torch.distributed's watchdog takes the process down.
+NCCL_WATCHDOG_WHILE_SERVING = "\n".join(
+    [
+        "[rank2]:[E1012 22:31:23.331871748 ProcessGroupNCCL.cpp:607] [Rank 2] Watchdog caught collective operation "
+        "timeout: WorkNCCL(SeqNum=203441, OpType=GATHER, NumelIn=32064, NumelOut=0, Timeout(ms)=600000) ran for "
+        "600085 milliseconds before timing out.",
+        "[rank2]:[E1012 22:31:23.332127235 ProcessGroupNCCL.cpp:1664] [PG 3 Rank 2] Exception (either an error or "
+        "timeout) detected by watchdog at work: 203441, last enqueued NCCL work: 203441, last completed NCCL work: "
+        "203440.",
+        "[rank2]:[E1012 22:31:23.332166455 ProcessGroupNCCL.cpp:1709] [PG 3 Rank 2] Timeout at NCCL work: 203441, "
+        "last enqueued NCCL work: 203441, last completed NCCL work: 203440.",
+        "[rank2]:[E1012 22:31:23.332195576 ProcessGroupNCCL.cpp:621] [Rank 2] Some NCCL operations have failed or "
+        "timed out. Due to the asynchronous nature of CUDA kernels, subsequent GPU operations might run on "
+        "corrupted/incomplete data.",
+        "[rank2]:[E1012 22:31:23.332219360 ProcessGroupNCCL.cpp:627] [Rank 2] To avoid data inconsistency, we are "
+        "taking the entire process down.",
+    ]
+)

@@ -183,9 +183,12 @@ def test_another_failure_names_the_exit_and_vllms_root_line_not_the_dead_engine_
 
 def test_alive_but_dead_is_named_by_its_health_answer() -> None:
     d = runtime_failure(Failure.of(died_serving("RuntimeError: NCCL communicator was aborted"), env={}, exit_code=None))
+    # NCCL's words name a fault of the machine, as at start (issue 22: it was "engine_died").
+    assert (d.kind, d.detail) == ("host_fault", "nccl")
     assert d.message == (
-        "The engine reported itself dead (its /health answered 503, EngineDeadError) while serving requests; "
-        "its last error was: RuntimeError: NCCL communicator was aborted."
+        "The engine reported itself dead (its /health answered 503, EngineDeadError) while serving requests "
+        "because of a fault in the GPUs' communication library (NCCL), not in the settings: "
+        "RuntimeError: NCCL communicator was aborted."
     )
     assert "exit_code" not in d.facts
 

@@ -3,6 +3,12 @@
 Separate from `startup_errors`: a death while serving is never walked up the startup
 ladder's footprint knobs by its words alone (the configuration did start), and its
 message names how the process stopped and vLLM's last error.
+
+A death whose output names a fault of the machine (the startup's own host-fault rules: NCCL,
+the driver, an ECC error, a GPU fallen off the bus) is that same cause, `host_fault`, in the
+startup's words: the configuration served, the machine failed. It is restarted in place once;
+a second fault of the machine on the same worker (`fresh_worker_now`) is a fresh worker's to
+fix, asked for within the endpoint-wide bound of `serving.fresh_machine`.
 """
 
 from __future__ import annotations
@@ -13,11 +19,13 @@ from typing import Sequence
 
 from vllm_worker.config.profile import LaunchProfile
 from vllm_worker.diagnosis.verdict import Diagnosis, Failure, Tried, changes_text, compose, evidence_of, scrubbed
-from vllm_worker.diagnosis.rules import clean_lines
+from vllm_worker.diagnosis.rules import Hit, clean_lines, find_hits
+from vllm_worker.diagnosis.startup_errors import host_fault_words
 
 # --- the engine died while serving ------------------------------------------------------------
 
 # Why an engine that had started and served stopped. Not startup kinds: `engine.ladder`'s ladder never sees these.
+# A fault of the machine while serving is the startup kind MACHINE_FAULT instead, the same cause.
 RUNTIME_KINDS: dict[str, str] = {
     "runtime_oom": "the engine started fine and then ran out of memory on a request",
     "engine_died": "the engine stopped while serving, for a reason other than memory",
@@ -33,6 +41,9 @@ ENGINE_DEAD_TEXT = "EngineCore encountered an issue"
 _RUNTIME_OOM_GPU = re.compile(r"(?:CUDA|HIP) out of memory|CUDA error: out of memory|OutOfMemoryError")
 _RUNTIME_OOM_CPU = re.compile(r"DefaultCPUAllocator: can't allocate memory")
 _EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception)(?::|$)")
+
+
+MACHINE_FAULT = "host_fault"
 
 
 def _serving_lines(output: str) -> list[str]:
@@ -60,6 +71,16 @@ def _root_line(lines: Sequence[str]) -> str | None:
         if _EXCEPTION_LINE.match(text) and ENGINE_DEAD_TEXT not in text:
             return text
     return None
+
+
+def _machine_fault(lines: Sequence[str]) -> Hit | None:
+    """The last line naming a fault of the machine, by the startup's rules and their tiers: none when a
+    cause of the settings or the software is named too (an NCCL error in one rank is then its echo)."""
+    hits = find_hits(lines)
+    if any(hit.rule.tier == 0 and not hit.rule.weak for hit in hits):
+        return None
+    faults = [hit for hit in hits if hit.rule.kind == MACHINE_FAULT]
+    return faults[-1] if faults else None
 
 
 def _runtime_oom_fixes(output: str, profile: LaunchProfile) -> list[str]:
@@ -94,8 +115,9 @@ def runtime_failure(failure: Failure) -> Diagnosis:
 
     failure.exit_code: the engine process's status (negative: the signal that killed it), or None when
     the process is alive but vLLM's /health answers 503. A memory failure after a good start is
-    "runtime_oom", with the limits that bound one step's memory; anything else is "engine_died",
-    naming how it stopped and vLLM's last exception line.
+    "runtime_oom", with the limits that bound one step's memory; a line naming a fault of the machine
+    makes it "host_fault", naming which part failed; anything else is "engine_died", naming how it
+    stopped and vLLM's last exception line.
     """
     output, exit_code = failure.output, failure.exit_code
     lines = _serving_lines(output)
@@ -122,6 +144,12 @@ def runtime_failure(failure: Failure) -> Diagnosis:
             evidence=evidence_of(oom),
             facts={"device": device},
         )
+    elif (fault := _machine_fault(lines)) is not None:
+        detail = fault.rule.detail or "device"
+        cause = f"The engine {how} while serving requests because of {host_fault_words(detail)}: {evidence_of(fault.line)}"
+        diagnosis = Diagnosis(
+            kind=MACHINE_FAULT, message=cause.rstrip(".") + ".", evidence=evidence_of(fault.line), detail=detail
+        )
     else:
         root = _root_line(lines)
         last = f"; its last error was: {evidence_of(root)}" if root else ""
@@ -140,6 +168,28 @@ def restarting_sentence(step: Tried | None) -> str:
     if step is None:
         return RESTARTING
     return f"The worker is restarting the engine with {changes_text(step.changes)}; retry the request."
+
+
+def fresh_worker_now(kind: str | None, earlier: Sequence[str]) -> bool:
+    """Whether a failure while serving (a death, or a restart that failed to start) is answered by asking
+    for a fresh worker instead of restarting the engine in place.
+
+    kind: the failure's cause; earlier: the causes this worker saw before it, its start's failed launches
+    included. A fault of the machine gets one relaunch in place on this machine, at start or while
+    serving; at the second one a fresh worker, usually on another machine, is the fix.
+    """
+    return kind == MACHINE_FAULT and MACHINE_FAULT in earlier
+
+
+def machine_fault_answer(diagnosis: Diagnosis, earlier: Sequence[str]) -> str | None:
+    """The answer to a death while serving that a fresh worker is to fix (`fresh_worker_now`), before the
+    fresh worker is asked for; None when the engine is to be restarted in place as usual."""
+    if not fresh_worker_now(diagnosis.kind, earlier):
+        return None
+    return (
+        f"{diagnosis.message} The engine was already relaunched once on this machine after a fault of the "
+        f"machine, so it is not restarted here again: a fresh worker is the fix."
+    )
 
 
 def hang_diagnosis(seconds: float) -> Diagnosis:

@@ -318,12 +318,14 @@ _HOST_WHAT = {
 }
 
 
+def host_fault_words(detail: str | None) -> str:
+    """The one wording of a fault of the machine, at start or while serving (`runtime`): which part failed."""
+    return f"a fault in {_HOST_WHAT.get(detail or 'device', 'this machine')}, not in the settings"
+
+
 def _host_fault(ctx: Context) -> Diagnosis:
     detail = ctx.hits[-1].rule.detail or "device"
-    cause = (
-        f"vLLM failed to start because of a fault in {_HOST_WHAT.get(detail, 'this machine')}, not in the settings: "
-        f"{_root_of(ctx)}{_exit_phrase(ctx.exit_code)}"
-    )
+    cause = f"vLLM failed to start because of {host_fault_words(detail)}: {_root_of(ctx)}{_exit_phrase(ctx.exit_code)}"
     fixes = [
         "terminate this worker (the endpoint's Workers tab) so the platform starts a fresh one, usually on "
         "another machine",

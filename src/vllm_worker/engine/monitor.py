@@ -14,7 +14,8 @@ SIGTERM), and the engine is relaunched in place through `launcher.Launcher`, the
 path as startup, while new jobs wait. An out-of-memory death walks the startup ladder (fewer
 sequences with CUDA graphs kept, then eager) instead of relaunching the footprint that died.
 Restarts are bounded (`ladder.restart_allowed`): a configuration that keeps killing its
-engine ends in an answer naming the cause.
+engine ends in an answer naming the cause. A fault of the machine (NCCL, the driver, the GPU)
+is restarted in place once; the next one asks for a fresh worker (`runtime.fresh_worker_now`).
 """
 
 from __future__ import annotations
@@ -160,12 +161,13 @@ class EngineMonitor:
             diagnosis = runtime.runtime_failure(Failure(tail, self.climb.profile, code))
         now = self.clock()
         recent = [at for at in self.restarts if now - at < ladder.RESTART_WINDOW_S]
-        allowed = ladder.restart_allowed(self.restarts, now)
+        machine = runtime.machine_fault_answer(diagnosis, self.causes)
+        allowed = machine is None and ladder.restart_allowed(self.restarts, now)
         step = self.climb.after_death(diagnosis) if allowed else None
         sentence = (
             f"{diagnosis.message} {restarting_sentence(step.tried if step else None)}"
             if allowed
-            else self._final(budget_sentence(diagnosis.message, len(recent) + 1), diagnosis.kind)
+            else self._final(machine or budget_sentence(diagnosis.message, len(recent) + 1), diagnosis.kind)
         )
         log.error("the engine stopped while serving: %s", diagnosis.message)
         record = self.launches[-1] if self.launches else {}
@@ -226,7 +228,7 @@ class EngineMonitor:
             self.causes.append(kind)
             log.error("launch %d failed: %s", result.record["launch"], message)
             now = self.clock()
-            if not ladder.restart_allowed(self.restarts, now):
+            if not ladder.restart_allowed(self.restarts, now) or runtime.fresh_worker_now(kind, self.causes[:-1]):
                 tail = self.supervisor.engine.tail() if self.supervisor.engine is not None else None
                 self._give_up(self._final(f"The engine stopped while serving and could not be started again: {message}", kind), tail)
                 return None
