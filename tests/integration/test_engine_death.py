@@ -4,7 +4,9 @@ What is checked is what the control plane receives: the job that was running whe
 died ends with the cause at once (not after REQUEST_TIMEOUT), the next jobs wait for the
 in-place relaunch of the same configuration and are served, the status job lists every launch
 with the cause of each death, and a configuration that keeps killing its engine ends, past the
-restart budget, in an answer every job gets.
+restart budget, in an answer every job gets. A fault of the machine while serving (a real NCCL
+watchdog failure) is named as such, restarted in place once, and then a fresh worker is asked for
+through the SDK (`stopPod`), counted on a volume really mounted at BASE_PATH.
 
 The engine is `tests/support/fake_vllm.py`: a crash mid-request with a CUDA out-of-memory
 traceback cannot be produced on this machine. The last tests run the handler in-process against
@@ -16,6 +18,10 @@ CPU probe of this machine (ENGINE_DEVICE=cpu), no stand-in.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
+import os
+import subprocess
 import time
 from pathlib import Path
 from typing import Any, Iterator
@@ -35,6 +41,7 @@ from vllm_worker.diagnosis.verdict import Failure
 from vllm_worker.engine import gpu_memory
 from vllm_worker.engine import ladder
 from vllm_worker.diagnosis import startup_errors
+from vllm_worker.serving import fresh_machine
 from vllm_worker.serving import handler as handler_module
 from vllm_worker.serving.state import WorkerState
 
@@ -197,6 +204,64 @@ def test_a_configuration_that_keeps_killing_its_engine_is_answered_with_the_caus
     ] * (ladder.MAX_RESTARTS + 1)
     # Past the budget the engine's last words are in the log, where the operator looks.
     assert "the engine's last" in log and log.rindex("RuntimeError: boom") > log.index("the engine's last")
+
+
+# ----------------------------------------------------------------------------- a fault of the machine while serving
+
+
+@contextlib.contextmanager
+def mounted_volume(folder: Path) -> Iterator[Path]:
+    """A network volume at BASE_PATH: a filesystem really mounted there (a tmpfs), not a folder."""
+    folder.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(folder)], capture_output=True)
+    if done.returncode != 0:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail("cannot mount a tmpfs to stand for the network volume (CI=true: this test must run)")
+        pytest.skip("cannot mount a tmpfs to stand for the network volume here")
+    try:
+        assert os.path.ismount(folder)
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], capture_output=True)
+
+
+def fresh_workers(volume: Path) -> list[dict[str, Any]]:
+    path = volume / fresh_machine.STATE_FOLDER / fresh_machine.LEDGER_FILE
+    return json.loads(path.read_text())["fresh_workers"] if path.exists() else []
+
+
+def test_an_nccl_death_while_serving_restarts_once_then_asks_for_a_fresh_worker(cp: ControlPlane, tmp_path: Path) -> None:
+    # Every launch serves, then dies on its first request printing a real NCCL watchdog failure (vllm#9321).
+    engine = FakeEngine(
+        tmp_path, [{"serve": True, "crash_after_requests": 0, "text": "NCCL_WATCHDOG_WHILE_SERVING", "exit_code": 1}]
+    )
+    with mounted_volume(tmp_path / "volume") as volume:
+        env = worker_env(engine, BASE_PATH=str(volume))
+        try:
+            with WorkerProcess(env, control_plane=cp, workdir=tmp_path) as worker:
+                restarted, _ = run_job(cp, JOB)
+                replaced, _ = run_job(cp, JOB)
+                # The SDK ends its loop after the job it asked a fresh worker for: the worker exits by itself.
+                code = worker.wait(timeout=60)
+                log = worker.log()
+        finally:
+            engine.kill_leftovers()
+        ledger = fresh_workers(volume)
+
+    cause = runtime.runtime_failure(Failure.of(vllm_texts.NCCL_WATCHDOG_WHILE_SERVING, env=env, exit_code=1))
+    assert (cause.kind, cause.detail) == ("host_fault", "nccl")
+    assert "communication library (NCCL)" in cause.message
+    # The first death: named as the machine's, restarted in place once; no fresh worker yet.
+    assert restarted == {"error": f"{cause.message} {runtime.RESTARTING}"}
+    # The second: not restarted on this machine again; a fresh worker asked for, within the bound.
+    final = runtime.machine_fault_answer(cause, ["host_fault"])
+    assert final is not None
+    assert replaced["stopPod"] is True
+    assert replaced["error"] == fresh_machine.decide(final, "host_fault", 0, 3, str(volume)).sentence
+    assert "1 of at most 3 within an hour" in replaced["error"]
+    assert len(engine.launches()) == 2 and code == 0
+    assert [entry["cause"] for entry in ledger] == ["host_fault"]
+    assert "asking the platform for a fresh worker" in log
 
 
 # ----------------------------------------------------------------------------- the memory wait, real probe
