@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from tests.support import vllm_texts as t
+from tests.support.dead_engine import DeadEngine
 from vllm_worker.config import settings as settings_mod
 from vllm_worker.config.profile import LaunchProfile
 from vllm_worker.diagnosis import runtime, startup_errors
@@ -128,30 +129,6 @@ def test_the_answer_keeps_the_cause_and_says_why_not_again_here() -> None:
 # --- the monitor's own loop --------------------------------------------------------------------
 
 
-class _DeadEngine:
-    """An engine process that has already exited with `code`, its output's tail being `tail`."""
-
-    host, port, stopping = "127.0.0.1", 1, False
-
-    def __init__(self, tail: str, code: int) -> None:
-        self._tail, self.returncode, self.stopped = tail, code, False
-
-    def watch(self, on_exit) -> None:  # type: ignore[no-untyped-def]
-        on_exit(self.returncode)
-
-    def alive(self) -> bool:
-        return False
-
-    def tail(self) -> str:
-        return self._tail
-
-    def stop(self, grace: float) -> None:
-        self.stopped = True
-
-    def kill(self) -> None:
-        self.stopped = True
-
-
 class _Launcher:
     """Each restart comes up serving and dies the same way, or fails to start with `start_failure`."""
 
@@ -168,7 +145,7 @@ class _Launcher:
         if self.start_failure is not None:
             diagnosis = startup_errors.explain(Failure.of(self.start_failure, exit_code=1))
             return Attempt("failed", record, diagnosis=diagnosis)
-        return Attempt("ready", record, engine=_DeadEngine(self.tail, 1))  # type: ignore[arg-type]
+        return Attempt("ready", record, engine=DeadEngine(self.tail, 1))  # type: ignore[arg-type]
 
 
 def _serve_until_answered(
@@ -195,7 +172,7 @@ def _serve_until_answered(
         launcher=launcher,  # type: ignore[arg-type]
         fresh_machine=fresh_worker,
     )
-    watcher._run(_DeadEngine(tail, 1))  # type: ignore[arg-type]  # the thread's target, run here to its end
+    watcher._run(DeadEngine(tail, 1))  # type: ignore[arg-type]  # the thread's target, run here to its end
     return state, launcher, asks
 
 

@@ -12,6 +12,7 @@ import pytest
 
 from tests.support import vllm_texts as t
 from tests.support.vllm_texts import vllm_log
+from tests.support.dead_engine import DeadEngine
 from vllm_worker.engine import monitor
 from vllm_worker.diagnosis.verdict import Failure
 from vllm_worker.config import settings as settings_mod
@@ -205,30 +206,6 @@ def test_a_secret_in_the_engines_last_words_is_masked() -> None:
     assert "Bearer ***" in d.message
 
 
-class _DeadEngine:
-    """An engine process that has already exited with `code`, its output's tail being `tail`."""
-
-    host, port, stopping = "127.0.0.1", 1, False
-
-    def __init__(self, tail: str, code: int) -> None:
-        self._tail, self.returncode, self.stopped = tail, code, False
-
-    def watch(self, on_exit) -> None:  # type: ignore[no-untyped-def]
-        on_exit(self.returncode)
-
-    def alive(self) -> bool:
-        return False
-
-    def tail(self) -> str:
-        return self._tail
-
-    def stop(self, grace: float) -> None:
-        self.stopped = True
-
-    def kill(self) -> None:
-        self.stopped = True
-
-
 class _Launcher:
     """Records what the monitor relaunches; the worker is shutting down by then, so the attempt stops."""
 
@@ -259,7 +236,7 @@ def _death_told_by_the_monitor(tail: str, code: int, env: dict[str, str]) -> tup
         None,
         launcher=launcher,  # type: ignore[arg-type]
     )
-    engine = _DeadEngine(tail, code)
+    engine = DeadEngine(tail, code)
     watcher._run(engine)  # type: ignore[arg-type]  # the thread's target, run here to its end
     assert engine.stopped
     return state, launcher
