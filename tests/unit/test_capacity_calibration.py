@@ -106,6 +106,8 @@ BOOTS: dict[str, Boot] = {
     "033": Boot("meta-llama--Llama-3.1-70B-Instruct", "A100 40GB", card_known="class", weights="logged",
                 note="AWQ INT4 copy of Llama-3.1-70B-Instruct"),
     "034": Boot("Qwen--Qwen2.5-7B-Instruct", card_known="logged", params=QWEN2_7B, compile_cache="warm"),
+    "043": Boot("Qwen--Qwen2.5-7B-Instruct", card_known="logged", params=QWEN2_7B, compile_cache="warm",
+                note="the warm rerun of 007's configuration (a cold/warm pair)"),
     "035": Boot("Qwen--Qwen2.5-14B", "H100", card_known="class", weights="config",
                 note="Qwen2.5-Coder-14B-Instruct has Qwen2.5-14B's decoder shapes"),
     "039": Boot("Qwen--Qwen2.5-7B-Instruct", "A100 40GB", card_known="class", weights="logged",
