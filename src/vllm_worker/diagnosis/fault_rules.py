@@ -89,6 +89,18 @@ FAULT_RULES: tuple[Rule, ...] = (
         tier=1,
         seen="torch CUDA init, NVML, vLLM platform detection (all versions)",
     ),
+    # Before the device rule: "CUDA error: no kernel image ..." is the architecture, not a failing device.
+    Rule(
+        "host_fault",
+        r"no kernel image is available for execution on the device|no binary for gpu|hipErrorNoBinaryForGpu"
+        r"|sm_\d+ is not compatible with the current PyTorch installation|device kernel image is invalid"
+        r"|CUDA_ERROR_INVALID_IMAGE|cudaErrorInvalidKernelImage|CUDA_ERROR_NO_BINARY_FOR_GPU|cudaErrorNoKernelImageForDevice",
+        "arch",
+        seen="CUDA runtime/driver errors 200 and 209 (cudaErrorInvalidKernelImage, cudaErrorNoKernelImageForDevice) as "
+        "torch and Triton's driver (\"Triton Error [CUDA]: device kernel image is invalid\") print them; HIP's "
+        "hipErrorNoBinaryForGpu: kernels built for another GPU architecture, or by a CUDA newer than the driver",
+        tier=1,
+    ),
     Rule(
         "host_fault",
         r"uncorrectable ECC error|an illegal memory access was encountered|unspecified launch failure"
@@ -100,14 +112,6 @@ FAULT_RULES: tuple[Rule, ...] = (
         "device",
         tier=1,
         seen="CUDA/HIP runtime errors of a failing or busy device",
-    ),
-    Rule(
-        "host_fault",
-        r"no kernel image is available for execution on the device|no binary for gpu|hipErrorNoBinaryForGpu"
-        r"|sm_\d+ is not compatible with the current PyTorch installation",
-        "arch",
-        seen="CUDA/HIP binaries not built for this GPU's architecture (a newer or older card than the image's)",
-        tier=1,
     ),
     Rule(
         "host_fault",

@@ -194,9 +194,20 @@ _SETTINGS_RULES: tuple[Rule, ...] = (
     ),
     Rule(
         "tensor_parallel",
-        r"^AssertionError: \d+ is not divisible by \d+",
+        r"^(?:AssertionError: )?\d+ is not divisible by \d+\.?$",
         "divisible",
-        seen="vllm/distributed/utils.py divide() (all versions)",
+        seen="vllm/distributed/utils.py ensure_divisibility, an assert whose message is only the two numbers (all "
+        "versions): the whole line, with or without its class",
+    ),
+    Rule(
+        "tensor_parallel",
+        r"(?:size_per_partition|partition_size|output_size of gate's and up's weight|size_[nk]) = \d+,? is not "
+        r"divisible by (?:min_thread_[nk]|weight quantization block_[nk]|group_size)"
+        r"|(?:input|output) size is not aligned with the quantized weight shape",
+        "weight_shard",
+        seen="vLLM's quantized layers checking one GPU's shard: marlin_utils / gptq_marlin (min_thread_n, min_thread_k, "
+        "group_size; 0.5-0.32), fp8 block quantization (block_n; 0.6-0.32), awq and gptq (not aligned; 0.2-0.32), the "
+        "Marlin kernels (size_n)",
     ),
     Rule(
         "tensor_parallel",
@@ -204,7 +215,7 @@ _SETTINGS_RULES: tuple[Rule, ...] = (
         r"|World size \(\d+\) is larger than the number of available GPUs"
         r"|tensor_parallel_size \(\d+\) (?:is larger than|exceeds) the number of (?:available )?GPUs"
         r"|(?:Tensor|Pipeline) parallel size \(\d+\) cannot be larger than the number of available GPUs"
-        r"|caused by too large tensor parallel size|max local gpu count|(?:CUDA|HIP) error: invalid device ordinal"
+        r"|max local gpu count|(?:CUDA|HIP) error: invalid device ordinal"
         r"|invalid device ordinal",
         "gpus",
         seen="0.4-0.32 ray and multiprocessing executors",
@@ -281,21 +292,17 @@ _SETTINGS_RULES: tuple[Rule, ...] = (
     ),
     Rule(
         "model_path_missing",
-        r"HFValidationError: (?:Repo id must be in the form 'repo_name' or 'namespace/repo_name'"
-        r"|Repo id must use alphanumeric chars|Cannot have -- or \.\. in repo_id|Repo_id cannot end by '\.git')",
-        seen="huggingface_hub utils/_validators.py validate_repo_id",
+        r"Repo id must be in the form 'repo_name' or 'namespace/repo_name'|Repo id must use alphanumeric chars"
+        r"|Repo id must be a string, not|Cannot have -- or \.\. in repo_id|Repo_id cannot end by '\.git'",
+        seen="huggingface_hub utils/_validators.py validate_repo_id, 0.2x to 2.4 (\"alphanumeric chars or '-', '_', '.', "
+        "'--' and '..' are forbidden\" before 1.0, \"alphanumeric chars, '-', '_' or '.'\" after; \"must be a string\" "
+        "in 2.x), with or without its class, and inside vLLM's own wrappers (\"Error retrieving file list: ...\")",
     ),
     Rule(
         "model_path_missing",
         r"Incorrect path_or_model_id: '[^']*'",
         "path_or_model_id",
         seen="transformers utils/hub.py cached_files (4.4x): a path or id that is neither",
-    ),
-    Rule(
-        "model_path_missing",
-        r"^(?:huggingface_hub\.errors\.)?(?:Repo id must be in the form 'repo_name' or 'namespace/repo_name'"
-        r"|Repo id must use alphanumeric chars)",
-        seen="the same validator, printed without its class",
     ),
     Rule(
         "offline_not_cached",
@@ -351,6 +358,19 @@ _SETTINGS_RULES: tuple[Rule, ...] = (
         seen="0.8-0.32 registry.py / transformers backend",
     ),
     Rule(
+        "unsupported_architecture",
+        r"^KeyError: '(?:[\w-]+\.){2,}[\w-]+'$",
+        "weight_names",
+        seen="vllm/model_executor/models/*.py load_weights (0.2-0.32): params_dict[name] for a checkpoint tensor the "
+        "implementation has no parameter for, e.g. a quantization's scales or another key layout",
+    ),
+    Rule(
+        "unsupported_architecture",
+        r"There is no module or parameter named '?[\w.-]+'? in \w+",
+        "weight_names",
+        seen="vllm/model_executor/models/utils.py AutoWeightsLoader._load_module (0.7-0.32), the same cause",
+    ),
+    Rule(
         "trust_remote_code",
         r"contains custom code which must be executed|references custom code contained in"
         r"|(?:pass the argument|set the option) `trust_remote_code=True`"
@@ -390,7 +410,8 @@ _PREFIXES: tuple[re.Pattern[str], ...] = tuple(
         r"^\s*\d+[:.]\s*(?=\d{4}-\d\d-\d\d)",  # line numbers of a log viewer before a timestamp
         r"^\s*\[?\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d| ?UTC)?\]?\s*",  # timestamps
         r"^\s*[\w.-]+(?:[-_]\d+)?\s+\|\s",  # docker compose "service-1  | "
-        r"^\s*\((?:[\w.:-]+ )?pid=\d+(?:, ip=[\d.:a-f]+)?\)\s*",  # "(EngineCore_DP0 pid=412) ", "(RayWorker pid=1, ip=...)"
+        # "(EngineCore_DP0 pid=412) ", "(RayWorker pid=1, ip=...)", 0.8-0.10's "(VllmWorker rank=0 pid=7) "
+        r"^\s*\((?:[\w.:=-]+ ){0,2}pid=\d+(?:, ip=[\d.:a-f]+)?\)\s*",
         r"^\s*\[rank\d+\]:\s?",  # torch.distributed
         r"^\s*\[\d+,\d+\]<std(?:out|err)>:\s?",  # mpirun
         # vLLM's logger: "ERROR 11-29 15:35:30 [core.py:1510] " and the older "ERROR 05-01 12:00:00 core.py:100] "
