@@ -59,6 +59,14 @@ class Budgeting:
     reports_capacity: bool  # tokens logged as int(concurrency x max_model_len), else blocks // groups x block
 
 
+# 0.21-0.31: the compile's extra memory in full, 57 % of it consumed after profiling (boot 007 cold
+# against 043, the same configuration warm, 1.74 GiB of KV apart; 006 and 007 against 017, 018, 034).
+_V2_COLD_COMPILE_FACTOR = 4.5
+_V2_COMPILE_PERSISTENT_SHARE = 0.57
+# The first release whose profiling runs under the allocator split limit: the one whose source was
+# read (0.30 and 0.31 were not, and no public cold boot of them was found).
+_SPLIT_LIMITED_PROFILING = (0, 32)
+
 # vLLM 0.32, what the worker runs. The V2-runner figures were measured on 0.22-0.30 boots.
 VLLM_032 = Budgeting(
     version="0.32",
@@ -67,18 +75,11 @@ VLLM_032 = Budgeting(
     sampler_bytes_per_logit=4.0,  # float32 logits, then gumbel sampling in place (sample/gumbel.py)
     non_torch_bytes=512 * MiB,  # boots 017 and 034: consumed - weights, warm cache
     # The 0.29 factor's transient share (boot 007 against 043); 0.32's split limit frees the rest.
-    cold_compile_factor=round(4.5 * (1 - 0.57), 1),
+    cold_compile_factor=round(_V2_COLD_COMPILE_FACTOR * (1 - _V2_COMPILE_PERSISTENT_SHARE), 1),
     compile_persistent_share=0.0,
     reports_capacity=True,
 )
 
-# 0.21-0.31: the compile's extra memory in full, 57 % of it consumed after profiling (boot 007 cold
-# against 043, the same configuration warm, 1.74 GiB of KV apart; 006 and 007 against 017, 018, 034).
-_V2_COLD_COMPILE_FACTOR = 4.5
-_V2_COMPILE_PERSISTENT_SHARE = 0.57
-# The first release whose profiling runs under the allocator split limit: the one whose source was
-# read (0.30 and 0.31 were not, and no public cold boot of them was found).
-_SPLIT_LIMITED_PROFILING = (0, 32)
 
 _V1_TORCH_SAMPLER = 39.5  # bytes per logit, 0.9-0.16 (dev boots 004 013 015 016 019 023 024 027 029 041)
 _V1_FLASHINFER_SAMPLER = 13.5  # bytes per logit with FlashInfer's top-k/top-p (dev boots 002 005)

@@ -1,4 +1,4 @@
-"""The wordings of faults that are not the settings': the machine, the image's software, the model's files.
+"""The wordings of faults that are not the settings: the machine, the image's software, the model's files.
 
 One family of `rules.RULES` (the table callers see), kept in its own data module so the table
 stays readable; `Rule`, the type of every row, lives here too. Each row names the versions and
@@ -62,7 +62,6 @@ def flexible_spaces(pattern: str) -> str:
         else:
             out.append(char)
     return "".join(out)
-
 
 
 FAULT_RULES: tuple[Rule, ...] = (
