@@ -77,6 +77,11 @@ FILES = {
     "chat template": t.engine_core_crash(
         "jinja2.exceptions.TemplateSyntaxError: expected token 'end of print statement', got 'name'"
     ),
+    # jinja2's other compile-time error, a filter the template's environment lacks; the line as posted in
+    # https://github.com/GoSecure/malboxes/issues/80 (jinja2's own words; a chat template fails the same way)
+    "chat template assertion": t.engine_core_crash(
+        "jinja2.exceptions.TemplateAssertionError: no filter named 'tojson'"
+    ),
 }
 
 
@@ -106,6 +111,9 @@ def test_a_compiled_op_of_another_namespace_is_not_called_a_missing_library() ->
     assert explain(Failure.of(text, "acme/m", exit_code=1)).kind == "unknown"
 
 
-def test_a_chat_template_that_does_not_parse_points_at_chat_template() -> None:
-    message = explain(Failure.of(FILES["chat template"], "acme/m", exit_code=1)).message
+@pytest.mark.parametrize("name", ["chat template", "chat template assertion"])
+def test_a_chat_template_that_does_not_parse_points_at_chat_template(name: str) -> None:
+    diagnosis = explain(Failure.of(FILES[name], "acme/m", exit_code=1))
+    assert diagnosis.kind == "model_files_broken", diagnosis.message
+    message = diagnosis.message
     assert "To fix: if CHAT_TEMPLATE is set, correct or unset it; otherwise set CHAT_TEMPLATE to a template that parses" in message

@@ -824,3 +824,187 @@ def test_a_missing_default_engine_command_does_not_tell_to_unset_it() -> None:
     diagnosis = startup_errors.engine_command_failure(["vllm", "serve"], "'vllm' was not found on the PATH", configured=False)
     assert diagnosis.message.startswith("vLLM is not installed where the worker looks")
     assert "unset" not in diagnosis.message
+
+
+# --- issue 25: the four kinds of miss, from their libraries' wordings (real lines, with their URLs) -----
+
+# vLLM's quantized layers checking one GPU's shard of a split layer (marlin_utils, fp8 block, awq/gptq).
+WEIGHT_SHARD = {
+    # https://github.com/vllm-project/vllm/issues/13640 (vLLM 0.7.2, Qwen2.5-VL-72B-AWQ at TP 2)
+    "marlin min_thread_k": "ValueError: Weight input_size_per_partition = 14784 is not divisible by min_thread_k = 128. "
+    "Consider reducing tensor_parallel_size or running with --quantization gptq.",
+    # https://github.com/vllm-project/llm-compressor/issues/57 (vLLM 0.5.1, a multiprocessing worker's relay)
+    "marlin relayed": "(VllmWorkerProcess pid=14679) ERROR 08-05 23:29:38 multiproc_worker_utils.py:226] Exception in "
+    "worker VllmWorkerProcess while processing method load_model: Weight input_size_per_partition = 7392 is not "
+    "divisible by min_thread_k = 128., Traceback (most recent call last):",
+    # https://github.com/vllm-project/vllm/issues/13980 (AWQ/GPTQ, V0 multiprocessing engine)
+    "awq not aligned": "ERROR 02-28 01:21:51 engine.py:400] ValueError: The input size is not aligned with the "
+    "quantized weight shape. This can be caused by too large tensor parallel size.",
+}
+
+
+@pytest.mark.parametrize("name", sorted(WEIGHT_SHARD))
+def test_a_split_a_quantized_kernel_cannot_take_is_named_with_a_smaller_split_as_the_fix(name: str) -> None:
+    diagnosis = explain_with(WEIGHT_SHARD[name], {"TENSOR_PARALLEL_SIZE": "2"})
+    assert diagnosis.kind == "tensor_parallel", diagnosis.message
+    assert "TENSOR_PARALLEL_SIZE=2 splits a quantized layer" in diagnosis.message
+    assert "set TENSOR_PARALLEL_SIZE lower" in diagnosis.message
+    # Not the old answer of the "too large tensor parallel size" wording: the GPUs are there.
+    assert "more GPUs than this worker has" not in diagnosis.message
+
+
+# vllm/distributed/utils.py ensure_divisibility: the assert's message is only the two numbers.
+BARE_DIVISIBILITY = {
+    "under a rank prefix": "[rank0]: AssertionError: 32768 is not divisible by 3",  # vllm#6385
+    "bare": "AssertionError: 250682 is not divisible by 8",  # vllm#440
+}
+
+
+@pytest.mark.parametrize("name", sorted(BARE_DIVISIBILITY))
+def test_a_bare_divisibility_assert_is_a_tensor_parallel_layout(name: str) -> None:
+    diagnosis = explain_with(t.engine_core_crash(BARE_DIVISIBILITY[name]), {"TENSOR_PARALLEL_SIZE": "3"})
+    assert diagnosis.kind == "tensor_parallel", diagnosis.message
+    assert diagnosis.message.startswith("TENSOR_PARALLEL_SIZE=3 does not fit the layout")
+
+
+def test_a_divisibility_sentence_inside_other_words_is_not_taken_for_the_assert() -> None:
+    # The bare rule takes the whole line only; a sentence that merely contains the words is another cause.
+    text = t.engine_core_crash("ValueError: chunk 12 is not divisible by 5 in the user's own preprocessing step")
+    assert diagnose(Failure.of(text, MODEL, exit_code=1)) is None
+
+
+# CUDA errors 200/209 as torch and Triton's driver print them: kernels built for another architecture.
+KERNEL_IMAGE = {
+    # https://github.com/triton-lang/triton/issues/2971 (Triton's driver.utils.load_binary)
+    "triton load_binary": 'File "/usr/local/lib/python3.9/site-packages/triton/compiler/compiler.py", line 285, in '
+    "_init_handles\nRuntimeError: Triton Error [CUDA]: device kernel image is invalid.",
+    # https://github.com/genmoai/mochi/issues/112 (through torch.compile's Inductor, as vLLM's compile runs it)
+    "triton under inductor": "torch._dynamo.exc.BackendCompilerFailed: backend='inductor' raised:\n"
+    "RuntimeError: Triton Error [CUDA]: device kernel image is invalid",
+}
+
+
+@pytest.mark.parametrize("name", sorted(KERNEL_IMAGE))
+def test_an_invalid_kernel_image_is_this_gpus_architecture_not_a_failing_device(name: str) -> None:
+    diagnosis = explain_with(t.engine_core_crash(KERNEL_IMAGE[name]), {})
+    assert (diagnosis.kind, diagnosis.detail) == ("host_fault", "arch"), diagnosis.message
+    assert "built for another architecture or by a CUDA newer than its driver" in diagnosis.message
+    assert "choose a GPU type this image supports" in diagnosis.message
+
+
+def test_cudas_no_kernel_image_line_is_the_architecture_too() -> None:
+    # torch's C10_CUDA_CHECK wording: "CUDA error: ..." used to be taken for a failing device first.
+    text = t.engine_core_crash("RuntimeError: CUDA error: no kernel image is available for execution on the device")
+    assert explain_with(text, {}).detail == "arch"
+
+
+# huggingface_hub utils/_validators.py validate_repo_id, in the wordings of several versions and wrappers.
+REPO_ID_REFUSED = {
+    # https://github.com/bytedance-iaas/vllm/issues/76 (vLLM 0.7.3's config.py retry wrapper, no class name)
+    "vLLM's file-list retry": "ERROR 03-06 11:03:54 config.py:100] Error retrieving file list: Repo id must be in the "
+    "form 'repo_name' or 'namespace/repo_name': '/home/Models/Qwen2.5-7B-Instruct-GPTQ-Int4/'. Use `repo_type` "
+    "argument if needed",
+    # https://github.com/vllm-project/vllm/issues/5727 (the wording before huggingface_hub 1.0)
+    "old alphanumeric": "huggingface_hub.errors.HFValidationError: Repo id must use alphanumeric chars or '-', '_', "
+    "'.', '--' and '..' are forbidden, '-' and '.' cannot start or end the name, max length is 96: '/model'.",
+    # https://github.com/gpustack/gpustack/issues/1268 (vLLM's engine.py logging the message without its class)
+    "engine log without class": "ERROR 02-20 10:13:40 engine.py:389] Repo id must be in the form 'repo_name' or "
+    "'namespace/repo_name': '/data/models/cache/model_scope/deepseek-ai/DeepSeek-R1-Distill-Llama-70B'. Use "
+    "`repo_type` argument if needed.",
+}
+
+
+@pytest.mark.parametrize("name", sorted(REPO_ID_REFUSED))
+def test_a_repo_id_the_validator_refuses_names_the_path_that_does_not_exist(name: str) -> None:
+    diagnosis = explain_with(REPO_ID_REFUSED[name], {})
+    assert diagnosis.kind == "model_path_missing", diagnosis.message
+    path = re.findall(r"'(/[^']*)'", REPO_ID_REFUSED[name])[-1]
+    assert f"MODEL_NAME={path!r} does not exist in this container" in diagnosis.message
+
+
+def test_the_validators_current_wordings_are_known() -> None:
+    # huggingface_hub 2.4 (this repository's .venv), utils/_validators.py: two of its sentences.
+    for line in (
+        "huggingface_hub.errors.HFValidationError: Repo id must use alphanumeric chars, '-', '_' or '.'. The name "
+        "cannot start or end with '-' or '.' and the maximum length is 96: 'my model'.",
+        "huggingface_hub.errors.HFValidationError: Repo id must be a string, not <class 'NoneType'>: 'None'.",
+    ):
+        assert explain_with(t.engine_core_crash(line), {}).kind == "model_path_missing", line
+
+
+# vLLM's load_weights meeting a checkpoint tensor its implementation has no parameter for.
+WEIGHT_NAMES = {
+    # https://github.com/vllm-project/vllm/issues/23025 (GLM-4.5-Air, the 0.10 V1 worker's prefix)
+    "glm4_moe": "\n".join([
+        '(VllmWorker rank=0 pid=3781015) ERROR 08-16 11:45:16 [multiproc_executor.py:511]   File "/home/datnvt/.conda/'
+        'envs/vllm/lib/python3.12/site-packages/vllm/model_executor/models/glm4_moe.py", line 531, in load_weights',
+        "(VllmWorker rank=0 pid=3781015) ERROR 08-16 11:45:16 [multiproc_executor.py:511]     param = "
+        "params_dict[name_mapped]",
+        "(VllmWorker rank=0 pid=3781015) ERROR 08-16 11:45:16 [multiproc_executor.py:511] KeyError: "
+        "'layers.1.mlp.experts.w13_weight'",
+    ]),
+    # https://github.com/vllm-project/llm-compressor/issues/959 (a compressed checkpoint's scales)
+    "qwen2 weight_scale": "\n".join([
+        'ERROR 12-05 20:24:46 engine.py:366]   File "/data/projects/hcece/miniconda3/envs/vllm_wjy_python3.10/lib/'
+        'python3.10/site-packages/vllm/model_executor/models/qwen2.py", line 371, in load_weights',
+        "ERROR 12-05 20:24:46 engine.py:366]     param = params_dict[name]",
+        "ERROR 12-05 20:24:46 engine.py:366] KeyError: 'layers.0.mlp.down_proj.weight_scale'",
+    ]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(WEIGHT_NAMES))
+def test_a_key_error_in_load_weights_names_the_model_the_architecture_and_what_to_try(name: str) -> None:
+    diagnosis = startup_errors.explain(Failure.of(WEIGHT_NAMES[name], "acme/checkpoint", exit_code=1))
+    assert (diagnosis.kind, diagnosis.detail) == ("unsupported_architecture", "weight_names"), diagnosis.message
+    tensor = re.search(r"KeyError: '([^']+)'", WEIGHT_NAMES[name]).group(1)
+    assert f"MODEL_NAME='acme/checkpoint''s checkpoint holds a weight named {tensor!r}" in diagnosis.message
+    assert f"its {name.split()[0]} implementation" in diagnosis.message
+    assert "run a vLLM release that supports this checkpoint" in diagnosis.message
+    assert "set MODEL_REVISION to a revision" in diagnosis.message
+
+
+def test_the_architecture_vllm_resolved_is_named_when_the_log_has_it() -> None:
+    text = t.vllm_log("Resolved architecture: Glm4MoeForCausalLM", where="model.py:684") + "\n" + WEIGHT_NAMES["glm4_moe"]
+    assert "loader for Glm4MoeForCausalLM does not know" in startup_errors.explain(Failure.of(text, "acme/c", exit_code=1)).message
+
+
+def test_a_key_error_that_is_not_a_weight_name_is_not_a_checkpoint_layout() -> None:
+    # transformers' config lookup raises KeyError: 'qwen3_moe' (a model type, no dotted path): not this rule.
+    text = t.engine_core_crash("KeyError: 'qwen3_moe'")
+    assert startup_errors.explain(Failure.of(text, MODEL, exit_code=1)).detail != "weight_names"
+
+
+# --- issue 22 item 7: the NCCL rule's wordings and its tier, on the diagnosis (real lines) ---------------
+
+# https://github.com/vllm-project/vllm/issues/5458: torch's NCCL watchdog at a TP start, no other NCCL wording.
+NCCL_WATCHDOG = "\n".join([
+    "[rank0]:[E ProcessGroupNCCL.cpp:563] [Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1, "
+    "OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600086 milliseconds before timing out.",
+    "[rank0]:[E ProcessGroupNCCL.cpp:1537] [PG 0 Rank 0] Timeout at NCCL work: 1, last enqueued NCCL work: 1, last "
+    "completed NCCL work: 0.",
+])
+
+
+def test_the_nccl_watchdog_timeout_is_a_fault_of_the_machines_interconnect() -> None:
+    diagnosis = explain_with(NCCL_WATCHDOG, {"TENSOR_PARALLEL_SIZE": "2"})
+    assert (diagnosis.kind, diagnosis.detail) == ("host_fault", "nccl"), diagnosis.message
+    assert "NCCL_P2P_DISABLE=1" in diagnosis.message
+
+
+def test_an_nccl_echo_after_an_out_of_memory_in_another_rank_leaves_the_memory_as_the_cause() -> None:
+    # The tier: NCCL names the cause only when no settings cause matched. The out-of-memory line is
+    # vllm#372's (torch's allocator), the NCCL lines vllm#5458's, in the order a TP start prints them.
+    oom = (
+        "OutOfMemoryError: CUDA out of memory. Tried to allocate 294.00 MiB (GPU 0; 22.19 GiB total capacity; 21.35 "
+        "GiB already allocated; 46.50 MiB free; 21.35 GiB reserved in total by PyTorch)"
+    )
+    diagnosis = explain_with(oom + "\n" + NCCL_WATCHDOG, {"TENSOR_PARALLEL_SIZE": "2"})
+    assert diagnosis.kind == "memory_shortfall", diagnosis.message
+    # The same NCCL lines before a settings cause that is not memory: the settings cause still wins.
+    divisible = "[rank0]: AssertionError: 32768 is not divisible by 3"  # vllm#6385
+    assert explain_with(divisible + "\n" + NCCL_WATCHDOG, {"TENSOR_PARALLEL_SIZE": "3"}).kind == "tensor_parallel"
+
+
+def explain_with(output: str, env: dict[str, str]) -> "verdict.Diagnosis":
+    return startup_errors.explain(Failure.of(output, exit_code=1, env=env))

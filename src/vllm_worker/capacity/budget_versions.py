@@ -23,7 +23,13 @@ The differences, by era:
   about 0.5 GiB on V2 (its persistent input, sampler and attention buffers).
 - A cold torch.compile cache (a first boot: "Compiling a graph for compile range")
   leaves about 4.5 x layers x hidden x batched tokens x dtype bytes more in use during
-  V2 profiling than a warm one ("Directly load AOT compilation"); no V1 boot shows it.
+  V2 profiling than a warm one ("Directly load AOT compilation") on 0.29 (the pair 007
+  and 043: same host, model and flags); 57 % of it stays counted as consumed after
+  profiling, the rest is the transient peak. No V1 boot shows it. 0.32 profiles under
+  a 20 MiB allocator split limit (gpu_worker.py determine_available_memory,
+  `_scoped_allocator_max_split`), so a freed compile block is no longer pinned past
+  the profiler's empty_cache() and counted as consumed: 0.32 keeps the transient
+  part only (4.5 x 0.43 = 1.9).
 - The token count logged: 0.21+ logs int(concurrency x max_model_len)
   (kv_cache_utils.py get_kv_cache_capacity); earlier versions num_blocks // groups x
   block_size. They differ only for sliding-window layers and lengths that are not a
@@ -48,8 +54,18 @@ class Budgeting:
     sampler_bytes_per_logit: float
     non_torch_bytes: int
     cold_compile_factor: float
+    # Of a cold compile's extra memory, the part still counted as consumed after profiling.
+    compile_persistent_share: float
     reports_capacity: bool  # tokens logged as int(concurrency x max_model_len), else blocks // groups x block
 
+
+# 0.21-0.31: the compile's extra memory in full, 57 % of it consumed after profiling (boot 007 cold
+# against 043, the same configuration warm, 1.74 GiB of KV apart; 006 and 007 against 017, 018, 034).
+_V2_COLD_COMPILE_FACTOR = 4.5
+_V2_COMPILE_PERSISTENT_SHARE = 0.57
+# The first release whose profiling runs under the allocator split limit: the one whose source was
+# read (0.30 and 0.31 were not, and no public cold boot of them was found).
+_SPLIT_LIMITED_PROFILING = (0, 32)
 
 # vLLM 0.32, what the worker runs. The V2-runner figures were measured on 0.22-0.30 boots.
 VLLM_032 = Budgeting(
@@ -58,9 +74,12 @@ VLLM_032 = Budgeting(
     graphs_in_budget=True,
     sampler_bytes_per_logit=4.0,  # float32 logits, then gumbel sampling in place (sample/gumbel.py)
     non_torch_bytes=512 * MiB,  # boots 017 and 034: consumed - weights, warm cache
-    cold_compile_factor=4.5,  # boots 006 and 007 (cold) against 017, 018 and 034 (warm)
+    # The 0.29 factor's transient share (boot 007 against 043); 0.32's split limit frees the rest.
+    cold_compile_factor=round(_V2_COLD_COMPILE_FACTOR * (1 - _V2_COMPILE_PERSISTENT_SHARE), 1),
+    compile_persistent_share=0.0,
     reports_capacity=True,
 )
+
 
 _V1_TORCH_SAMPLER = 39.5  # bytes per logit, 0.9-0.16 (dev boots 004 013 015 016 019 023 024 027 029 041)
 _V1_FLASHINFER_SAMPLER = 13.5  # bytes per logit with FlashInfer's top-k/top-p (dev boots 002 005)
@@ -82,8 +101,11 @@ def budgeting_for(version: str, *, flashinfer_sampler: bool = False) -> Budgetin
     (it only changes V1's sampler warm-up).
     """
     major_minor = _version_tuple(version)
-    if major_minor >= (0, 21):
+    if major_minor >= _SPLIT_LIMITED_PROFILING:
         return replace(VLLM_032, version=version)
+    if major_minor >= (0, 21):
+        return replace(VLLM_032, version=version, cold_compile_factor=_V2_COLD_COMPILE_FACTOR,
+                       compile_persistent_share=_V2_COMPILE_PERSISTENT_SHARE)
     if major_minor >= (0, 17):
         sampler = _V1_017_SAMPLER
     else:
@@ -95,5 +117,6 @@ def budgeting_for(version: str, *, flashinfer_sampler: bool = False) -> Budgetin
         sampler_bytes_per_logit=sampler,
         non_torch_bytes=_V1_NON_TORCH,
         cold_compile_factor=0.0,
+        compile_persistent_share=0.0,
         reports_capacity=False,
     )

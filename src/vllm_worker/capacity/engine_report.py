@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from vllm_worker.capacity.memory_budget import COLD_COMPILE_PERSISTENT_SHARE, Plan
+from vllm_worker.capacity.memory_budget import Plan
 from vllm_worker.capacity.model_facts import GiB
 
 GAP_WARNING = 0.05  # relative KV-token gap that is worth a report
@@ -123,7 +123,7 @@ def compared_terms(predicted: Plan, actual: EngineCapacity) -> dict[str, tuple[i
     partly in the peak.
     """
     cold = predicted.compile_bytes if predicted.compile_cache == "cold" else 0
-    persistent = int(cold * COLD_COMPILE_PERSISTENT_SHARE)
+    persistent = predicted.compile_persistent_bytes if cold else 0
     terms: dict[str, tuple[int, int]] = {}
     if actual.weights_bytes is not None:
         terms["weights"] = (predicted.weights_bytes, actual.weights_bytes)

@@ -47,9 +47,6 @@ CUDA_CONTEXT_ERROR = 256 * MiB  # the context takes 0.3-0.7 GiB depending on car
 # Driver memory per captured CUDA graph and decoder layer, on top of the first capture's
 # activations: 0.28-0.38 GiB estimated for 86 graphs of 24-28 layers (dev boots 006 007 017 034).
 GRAPH_BYTES_PER_LAYER_GRAPH = 138_000
-# Of a cold compile's extra memory, the part still allocated after profiling (boot 007
-# against 034: +0.98 GiB consumed, +0.73 GiB transient); the rest is transient.
-COLD_COMPILE_PERSISTENT_SHARE = 0.57
 COLD_COMPILE_MEASURED_SHAPE = 28 * 3584  # layers x hidden of the largest model the cost was measured on
 COLD_COMPILE_MEASURED_TOKENS = 2048  # the batch it was measured at
 # The stated error: every dev boot's KV memory lies within it (docs/capacity.md, "Error band").
@@ -206,9 +203,10 @@ def cudagraph_bytes(facts: ModelFacts, knobs: Knobs, seqs: int, tokens: int) -> 
 def compile_bytes(facts: ModelFacts, knobs: Knobs, tokens: int) -> int:
     """What a cold torch.compile cache adds during profiling (budget_versions: V2 runner, graphs on).
 
-    Measured on two models up to 28 layers x 3584 hidden, at 2048 batched tokens; larger
-    shapes and batches are held at those sizes rather than extrapolated from two points,
-    so the term is at most 4.5 x 28 x 3584 x 2048 x 2 bytes = 1.7 GiB.
+    Measured on two models up to 28 layers x 3584 hidden, at 2048 batched tokens, on 0.29;
+    larger shapes and batches are held at those sizes rather than extrapolated, so the
+    term is at most factor x 28 x 3584 x 2048 x 2 bytes: 1.7 GiB for 0.21-0.31 (4.5),
+    0.7 GiB for 0.32 (1.9, its transient share: see budget_versions).
     """
     if knobs.enforce_eager or knobs.platform == "cpu":
         return 0
@@ -270,6 +268,7 @@ class Plan:
     activation_bytes: int
     cudagraph_bytes: int
     compile_bytes: int  # a cold torch.compile cache's cost (see compile_cache)
+    compile_persistent_bytes: int  # ... the part of it still counted as consumed after profiling
     graphs: int
     kv_cache_bytes: int  # memory the KV cache gets on one GPU
     kv_exact: bool  # True when the KV memory is set explicitly (no GPU estimate involved)
@@ -323,6 +322,15 @@ class Plan:
         return self.max_model_len_low
 
     @property
+    def longest_context_basis(self) -> str:
+        """Which end of the band `longest_context` is, in words (`plan` prints it beside the figure)."""
+        if self.max_model_len_high == self.max_model_len_low:
+            return "exact: the KV cache size is set"
+        if self.compile_cache == "unknown":
+            return "the conservative end of the error band, a first boot's torch.compile counted"
+        return "the conservative end of the error band"
+
+    @property
     def smallest_change(self) -> Change | None:
         return self.changes[0] if self.changes else None
 
@@ -331,6 +339,7 @@ class Plan:
         data = asdict(self)
         data["context_len"] = self.max_model_len
         data["max_model_len"] = self.longest_context
+        data["max_model_len_basis"] = self.longest_context_basis
         data["changes"] = [asdict(c) for c in self.changes]
         data["fits"] = self.fits
         data["verdict"] = self.verdict
@@ -465,6 +474,7 @@ def plan(
         activation_bytes=activation,
         cudagraph_bytes=graphs_bytes,
         compile_bytes=cold,
+        compile_persistent_bytes=int(cold * rules.compile_persistent_share),
         graphs=graphs,
         kv_cache_bytes=int(available),
         kv_exact=exact,

@@ -31,7 +31,8 @@ def context_text(p: Plan) -> str:
     """'111,360 tokens (band 111,360 to 128,224)': the stated context with its error band."""
     if p.max_model_len_high == p.longest_context:
         return f"{fmt_tokens(p.longest_context)} tokens"
-    return f"{fmt_tokens(p.longest_context)} tokens (error band {fmt_tokens(p.longest_context)} to {fmt_tokens(p.max_model_len_high)})"
+    return (f"{fmt_tokens(p.longest_context)} tokens, {p.longest_context_basis} (error band "
+            f"{fmt_tokens(p.longest_context)} to {fmt_tokens(p.max_model_len_high)})")
 
 
 def kv_band_text(p: Plan) -> str:

@@ -1,7 +1,8 @@
 """Why a start failed, and what to tell the user: the cause, its value, and the fix that remains.
 
 - `startup_errors`: the entry (`explain`, `classify`, `memory_shortfall`) for a failed launch;
-- `rules`: the wordings of vLLM, torch and huggingface_hub as one table of data;
+- `rules`: the wordings of vLLM, torch and huggingface_hub as one table of data (`fault_rules`:
+  its family of machine, image and model-file faults, and the `Rule` type);
 - `verdict`: the `Diagnosis` type and the pieces every sentence shares;
 - `shortfall`: out-of-memory; `refused_settings`: a value vLLM refused; `hub`, `hub_messages`:
   the model could not be fetched; `runtime`: an engine that died or hung while serving.
@@ -9,4 +10,4 @@
 Pure functions over text and a profile; imports only `config`.
 """
 
-__all__ = ["hub", "hub_messages", "refused_settings", "rules", "runtime", "shortfall", "startup_errors", "verdict"]
+__all__ = ["fault_rules", "hub", "hub_messages", "refused_settings", "rules", "runtime", "shortfall", "startup_errors", "verdict"]

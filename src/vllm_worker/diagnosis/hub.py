@@ -96,7 +96,8 @@ def _model_variable(ctx: Context, reference: str) -> str:
 
 def model_path_missing(ctx: Context) -> Diagnosis:
     hit = ctx.hits[-1]
-    m = re.search(r"path_or_model_id: '([^']*)'", hit.line) or re.search(
+    m = re.search(r"(?:path_or_model_id|'namespace/repo_name'|max length is 96|in repo_id|by '\.git'|not \w+): '([^']*)'",
+                  hit.line) or re.search(
         r"'([^']*)'\.?(?: Use `repo_type` argument if needed\.)?\s*$", hit.line
     )
     reference = m.group(1) if m else ctx.model or "(unknown)"

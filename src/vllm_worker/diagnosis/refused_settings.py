@@ -228,6 +228,18 @@ def tensor_parallel(ctx: Context) -> Diagnosis:
         )
         fixes = [f"set TENSOR_PARALLEL_SIZE to one of {choices} (with that many GPUs per worker)"]
         value = size
+    elif hit.rule.detail == "weight_shard":
+        shown = f"TENSOR_PARALLEL_SIZE={tp}" if tp else "TENSOR_PARALLEL_SIZE"
+        cause = (
+            f"{shown} splits a quantized layer of {ctx.subject if ctx.model else 'the model'} into shards its kernel "
+            f"cannot take: {evidence_of(hit.line)}"
+        )
+        fixes = [
+            "set TENSOR_PARALLEL_SIZE lower (1 always fits the layout; a split works when each GPU's share of the "
+            "layer is a multiple of the kernel's tile)",
+            "or set MODEL_NAME to a checkpoint quantized for this split (some publish one padded for TP 2 or 4)",
+        ]
+        value = tp
     elif hit.rule.detail == "gpus":
         shown = f"TENSOR_PARALLEL_SIZE={tp}" if tp else "TENSOR_PARALLEL_SIZE (times PIPELINE_PARALLEL_SIZE)"
         cause = f"{shown} asks for more GPUs than this worker has"

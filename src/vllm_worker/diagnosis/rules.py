@@ -6,7 +6,8 @@ the logs users paste arrive wrapped by other programs (process prefixes, timesta
 `| ` gutters, markdown `> ` quotes, backticks, lines hard-wrapped, retyped in lower case).
 So each cause is anchored on the fragments of its wordings that stayed stable across
 versions, matched case-insensitively on lines stripped of those wrappers, and a wording
-split over two lines still matches. `RULES` is data: every rule names the versions and
+split over two lines still matches. `RULES` is data (the machine's, the image's and the
+model files' families are in `fault_rules`, with the `Rule` type): every rule names the versions and
 sources it was seen in, and the field corpus in tests/field/ checks them.
 
 When no rule matches, `root_error` finds vLLM's own root exception (the innermost raised
@@ -18,69 +19,17 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from functools import cached_property
 from typing import Sequence
+
+from vllm_worker.diagnosis.fault_rules import FAULT_RULES, Rule
 
 # A line longer than this is cut before matching: one line of megabytes must not stall a scan.
 MAX_LINE_CHARS = 8192
-
-
-@dataclass(frozen=True)
-class Rule:
-    """One wording of one cause.
-
-    kind: the cause (a key of `startup_errors.KINDS`). pattern: a regular expression, matched
-    case-insensitively; a plain space in it matches any run of whitespace. detail: which
-    wording, where the message depends on it. weak: names the cause only when no other rule
-    matched (a 401 line is also part of a gated-repo chain). seen: versions and sources.
-    scope: "any" line, or only the "root" exception line. tier: 0, or 1 for the machine's faults.
-    """
-
-    kind: str
-    pattern: str
-    detail: str | None = None
-    weak: bool = False
-    seen: str = ""
-    # "root": matched only against vLLM's root exception line (see `root_error`), for causes whose
-    # words also appear in harmless warnings of a good start (an ImportError caught and logged).
-    scope: str = "any"
-    # 1: a fault of the machine; names the cause only when no tier-0 rule matched (an NCCL error in
-    # one rank after an out-of-memory in another is the out-of-memory's echo).
-    tier: int = 0
-
-    @cached_property
-    def regex(self) -> re.Pattern[str]:
-        return re.compile(_flexible_spaces(self.pattern), re.IGNORECASE)
-
-
-def _flexible_spaces(pattern: str) -> str:
-    """Plain spaces outside character classes become \\s+ (retyped and re-wrapped text)."""
-    out: list[str] = []
-    in_class = escaped = False
-    for char in pattern:
-        if escaped:
-            out.append(char)
-            escaped = False
-        elif char == "\\":
-            out.append(char)
-            escaped = True
-        elif char == "[":
-            in_class = True
-            out.append(char)
-        elif char == "]":
-            in_class = False
-            out.append(char)
-        elif char == " " and not in_class:
-            out.append(r"\s+")
-        else:
-            out.append(char)
-    return "".join(out)
-
-
 _DEV = r"(?: \S+)?"  # an optional device name ("cuda:0"), present in some versions only
 
+
 # Order matters only within one line: the first rule that matches a line names it.
-RULES: tuple[Rule, ...] = (
+_SETTINGS_RULES: tuple[Rule, ...] = (
     # --- memory held by another process / a profiling race ------------------------------------
     Rule(
         "memory_held",
@@ -245,9 +194,20 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         "tensor_parallel",
-        r"^AssertionError: \d+ is not divisible by \d+",
+        r"^(?:AssertionError: )?\d+ is not divisible by \d+\.?$",
         "divisible",
-        seen="vllm/distributed/utils.py divide() (all versions)",
+        seen="vllm/distributed/utils.py ensure_divisibility, an assert whose message is only the two numbers (all "
+        "versions): the whole line, with or without its class",
+    ),
+    Rule(
+        "tensor_parallel",
+        r"(?:size_per_partition|partition_size|output_size of gate's and up's weight|size_[nk]) = \d+,? is not "
+        r"divisible by (?:min_thread_[nk]|weight quantization block_[nk]|group_size)"
+        r"|(?:input|output) size is not aligned with the quantized weight shape",
+        "weight_shard",
+        seen="vLLM's quantized layers checking one GPU's shard: marlin_utils / gptq_marlin (min_thread_n, min_thread_k, "
+        "group_size; 0.5-0.32), fp8 block quantization (block_n; 0.6-0.32), awq and gptq (not aligned; 0.2-0.32), the "
+        "Marlin kernels (size_n)",
     ),
     Rule(
         "tensor_parallel",
@@ -255,7 +215,7 @@ RULES: tuple[Rule, ...] = (
         r"|World size \(\d+\) is larger than the number of available GPUs"
         r"|tensor_parallel_size \(\d+\) (?:is larger than|exceeds) the number of (?:available )?GPUs"
         r"|(?:Tensor|Pipeline) parallel size \(\d+\) cannot be larger than the number of available GPUs"
-        r"|caused by too large tensor parallel size|max local gpu count|(?:CUDA|HIP) error: invalid device ordinal"
+        r"|max local gpu count|(?:CUDA|HIP) error: invalid device ordinal"
         r"|invalid device ordinal",
         "gpus",
         seen="0.4-0.32 ray and multiprocessing executors",
@@ -332,21 +292,17 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         "model_path_missing",
-        r"HFValidationError: (?:Repo id must be in the form 'repo_name' or 'namespace/repo_name'"
-        r"|Repo id must use alphanumeric chars|Cannot have -- or \.\. in repo_id|Repo_id cannot end by '\.git')",
-        seen="huggingface_hub utils/_validators.py validate_repo_id",
+        r"Repo id must be in the form 'repo_name' or 'namespace/repo_name'|Repo id must use alphanumeric chars"
+        r"|Repo id must be a string, not|Cannot have -- or \.\. in repo_id|Repo_id cannot end by '\.git'",
+        seen="huggingface_hub utils/_validators.py validate_repo_id, 0.2x to 2.4 (\"alphanumeric chars or '-', '_', '.', "
+        "'--' and '..' are forbidden\" before 1.0, \"alphanumeric chars, '-', '_' or '.'\" after; \"must be a string\" "
+        "in 2.x), with or without its class, and inside vLLM's own wrappers (\"Error retrieving file list: ...\")",
     ),
     Rule(
         "model_path_missing",
         r"Incorrect path_or_model_id: '[^']*'",
         "path_or_model_id",
         seen="transformers utils/hub.py cached_files (4.4x): a path or id that is neither",
-    ),
-    Rule(
-        "model_path_missing",
-        r"^(?:huggingface_hub\.errors\.)?(?:Repo id must be in the form 'repo_name' or 'namespace/repo_name'"
-        r"|Repo id must use alphanumeric chars)",
-        seen="the same validator, printed without its class",
     ),
     Rule(
         "offline_not_cached",
@@ -402,6 +358,19 @@ RULES: tuple[Rule, ...] = (
         seen="0.8-0.32 registry.py / transformers backend",
     ),
     Rule(
+        "unsupported_architecture",
+        r"^KeyError: '(?:[\w-]+\.){2,}[\w-]+'$",
+        "weight_names",
+        seen="vllm/model_executor/models/*.py load_weights (0.2-0.32): params_dict[name] for a checkpoint tensor the "
+        "implementation has no parameter for, e.g. a quantization's scales or another key layout",
+    ),
+    Rule(
+        "unsupported_architecture",
+        r"There is no module or parameter named '?[\w.-]+'? in \w+",
+        "weight_names",
+        seen="vllm/model_executor/models/utils.py AutoWeightsLoader._load_module (0.7-0.32), the same cause",
+    ),
+    Rule(
         "trust_remote_code",
         r"contains custom code which must be executed|references custom code contained in"
         r"|(?:pass the argument|set the option) `trust_remote_code=True`"
@@ -420,130 +389,10 @@ RULES: tuple[Rule, ...] = (
         "value_error",
         seen="0.10-0.32 pydantic validators on vllm/config dataclasses",
     ),
-    # --- faults that may be the machine's ----------------------------------------------------------
-    Rule(
-        "host_fault",
-        r"NCCL error|ncclInternalError|ncclUnhandledCudaError|ncclSystemError|ncclRemoteError|NCCL WARN"
-        r"|DistBackendError|Watchdog caught collective operation timeout|NCCL communicator was aborted",
-        "nccl",
-        tier=1,
-        seen="torch.distributed / NCCL (all versions)",
-    ),
-    Rule(
-        "host_fault",
-        r"Found no NVIDIA driver on your system|NVIDIA driver on your system is too old"
-        r"|CUDA driver version is insufficient|No CUDA GPUs are available|no CUDA-capable device is detected"
-        r"|CUDA error: system not yet initialized|cudaErrorSystemNotReady|Failed to infer device type"
-        r"|Failed to initialize NVML|NVML_SUCCESS == r INTERNAL ASSERT FAILED|forward compatibility was attempted"
-        r"|cudaErrorNoDevice|cudaErrorInsufficientDriver|No HIP GPUs are available|hipErrorNoDevice"
-        r"|CUDA driver initialization failed|Unexpected error from cudaGetDeviceCount|CUDA unknown error"
-        r"|DeferredCudaCallError|NVMLError|AmdSmi\w*Exception|AMDSMI_STATUS_|No supported device detected"
-        r"|No (?:CUDA|ROCm|XPU|TPU|HPU|NPU)[- ]capable device|Failed to get global TPU topology|Device acquire failed",
-        "driver",
-        tier=1,
-        seen="torch CUDA init, NVML, vLLM platform detection (all versions)",
-    ),
-    Rule(
-        "host_fault",
-        r"uncorrectable ECC error|an illegal memory access was encountered|unspecified launch failure"
-        r"|device\(s\) is/are busy or unavailable|cudaErrorDevicesUnavailable|cudaErrorECCUncorrectable"
-        r"|CUDA error: (?:misaligned address|an illegal instruction|unknown error|launch failure)"
-        r"|GPU is lost|has fallen off the bus|hipErrorIllegalAddress|HSA_STATUS_ERROR|is_gds_supported\(\d+\) failed"
-        r"|UR_RESULT_ERROR_DEVICE_LOST|cudaErrorLaunchFailure|DEVICE_LOST"
-        r"|(?:CUDA|HIP) error: (?!out of memory)[a-z]",
-        "device",
-        tier=1,
-        seen="CUDA/HIP runtime errors of a failing or busy device",
-    ),
-    Rule(
-        "host_fault",
-        r"no kernel image is available for execution on the device|no binary for gpu|hipErrorNoBinaryForGpu"
-        r"|sm_\d+ is not compatible with the current PyTorch installation",
-        "arch",
-        seen="CUDA/HIP binaries not built for this GPU's architecture (a newer or older card than the image's)",
-        tier=1,
-    ),
-    Rule(
-        "host_fault",
-        r"\bIllegal instruction\b(?: +\(core dumped\))?|SIGILL",
-        "cpu",
-        seen="a CPU without an instruction set the engine was built for (AVX-512 on the CPU backend)",
-        tier=1,
-    ),
-    # --- the image's software ------------------------------------------------------------------------
-    Rule(
-        "missing_library",
-        r"^(?:\S+\.)?ModuleNotFoundError: No module named|^(?:\S+\.)?ImportError: |undefined symbol: "
-        r"|cannot open shared object file|DLL load failed|is not installed\. Please install",
-        seen="Python import errors and the dynamic loader",
-        scope="root",
-    ),
-    Rule(
-        "missing_library",
-        r"'_OpNamespace' '_\w*C\w*' object has no attribute",
-        "compiled_ops",
-        seen="torch/_ops.py _OpNamespace.__getattr__: an op of vLLM's compiled extension (_C, _C_utils, _moe_C) "
-        "is missing, the extension was built for another platform or not at all",
-        scope="root",
-    ),
-    Rule(
-        "missing_library",
-        r"DeepGEMM backend is (?:not available or outdated|unavailable)"
-        r"|requires the CUDA flash attention extensions|libcuda\.so cannot found",
-        seen="vllm/utils/deep_gemm.py _missing (\"not available or outdated\" to 0.2x, \"unavailable in the current "
-        "vLLM environment\" in 0.32); vllm/vllm_flash_attn/__init__.py; triton backends/nvidia/driver.py libcuda_dirs",
-        scope="root",
-    ),
-    # The compiler and linker print these on their own lines, before the Python error that wraps
-    # them (a triton or Inductor build step); weak, so a named cause in the same output wins.
-    Rule(
-        "missing_library",
-        r"fatal error: '?[\w./+-]+\.h'?(?:: No such file or directory| file not found)"
-        r"|\bld(?:\.\w+)?: cannot find -l[\w.+-]+",
-        "toolchain",
-        weak=True,
-        seen="GCC and clang for a missing header, GNU ld for a missing library (wordings checked with gcc 12/binutils)",
-    ),
-    Rule(
-        "missing_library",
-        r"CalledProcessError: Command '\['[^']*?\b(?:gcc|g\+\+|cc|c\+\+|clang(?:\+\+)?)'",
-        "toolchain",
-        weak=True,
-        seen="torch/_inductor and triton's runtime build: the C compiler of the image failed on a generated file",
-    ),
-    # --- the model's files cannot be read ----------------------------------------------------------
-    # The safetensors binding's wording, also when vLLM logs it as an ERROR line instead of the root.
-    Rule(
-        "model_files_broken",
-        r"Error while deserializing header: \w+",
-        seen="safetensors (Rust binding, all versions; 0.8 checked): SafeTensorError variants such as "
-        "InvalidHeaderDeserialization, MetadataIncompleteBuffer, HeaderTooLarge",
-    ),
-    Rule(
-        "model_files_broken",
-        r"SafetensorError|Error while deserializing header|HeaderTooLarge|incomplete metadata, file not fully covered"
-        r"|JSONDecodeError|Can't load tokenizer for|Unrecognized model in \S+"
-        r"|does not appear to have a file named|Can't load the configuration of|is not a valid JSON file"
-        r"|Error parsing line|UnicodeDecodeError: 'utf-8' codec can't decode",
-        seen="safetensors, json, transformers loading (all versions)",
-        scope="root",
-    ),
-    Rule(
-        "model_files_broken",
-        r"Failed to load the tokenizer|No tokenizer file found",
-        "tokenizer",
-        seen="vllm transformers_utils/tokenizer.py get_tokenizer (0.1-0.x; 0.32's trust_remote_code variant is matched "
-        "by that rule first); mistral_common tokens/tokenizers/utils.py and transformers tokenization_mistral_common.py",
-        scope="root",
-    ),
-    Rule(
-        "model_files_broken",
-        r"^(?:jinja2\.exceptions\.)?Template(?:Syntax|Assertion)Error: ",
-        "chat_template",
-        seen="jinja2/exceptions.py: the chat template (the model's tokenizer_config.json or CHAT_TEMPLATE) does not parse",
-        scope="root",
-    ),
+    # --- faults that may be the machine's, the image's software, unreadable model files: fault_rules
 )
+# The one table: the causes a setting, the Hub or the model's code fix first, then the faults.
+RULES: tuple[Rule, ...] = _SETTINGS_RULES + FAULT_RULES
 
 KINDS_WITH_RULES = frozenset(rule.kind for rule in RULES)
 
@@ -561,7 +410,8 @@ _PREFIXES: tuple[re.Pattern[str], ...] = tuple(
         r"^\s*\d+[:.]\s*(?=\d{4}-\d\d-\d\d)",  # line numbers of a log viewer before a timestamp
         r"^\s*\[?\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d| ?UTC)?\]?\s*",  # timestamps
         r"^\s*[\w.-]+(?:[-_]\d+)?\s+\|\s",  # docker compose "service-1  | "
-        r"^\s*\((?:[\w.:-]+ )?pid=\d+(?:, ip=[\d.:a-f]+)?\)\s*",  # "(EngineCore_DP0 pid=412) ", "(RayWorker pid=1, ip=...)"
+        # "(EngineCore_DP0 pid=412) ", "(RayWorker pid=1, ip=...)", 0.8-0.10's "(VllmWorker rank=0 pid=7) "
+        r"^\s*\((?:[\w.:=-]+ ){0,2}pid=\d+(?:, ip=[\d.:a-f]+)?\)\s*",
         r"^\s*\[rank\d+\]:\s?",  # torch.distributed
         r"^\s*\[\d+,\d+\]<std(?:out|err)>:\s?",  # mpirun
         # vLLM's logger: "ERROR 11-29 15:35:30 [core.py:1510] " and the older "ERROR 05-01 12:00:00 core.py:100] "

@@ -209,6 +209,8 @@ def _unsupported_architecture(ctx: Context) -> Diagnosis:
         # transformers' own lookup of config.json's model_type failed: the KeyError names it.
         model_type = ctx.search(r"KeyError: '([^']+)'")
     no_impl = re.search(r"(\S+) has no vLLM implementation", line)
+    if hit.rule.detail == "weight_names":
+        return _weight_names(ctx)
     if until:
         value = until.group(1)
         cause = f"{subject} uses the architecture {value}, which vLLM removed after {until.group(2)}"
@@ -231,6 +233,29 @@ def _unsupported_architecture(ctx: Context) -> Diagnosis:
     return answer(ctx, "unsupported_architecture", cause,
         [f"set MODEL_NAME to another model: {fixes[0][0].lower()}{fixes[0][1:]}"], line=line, variable="MODEL_NAME",
         value=value)
+
+
+def _weight_names(ctx: Context) -> Diagnosis:
+    """A checkpoint tensor vLLM's implementation has no parameter for (a KeyError in load_weights)."""
+    line = ctx.hits[-1].line
+    name = re.search(r"KeyError: '([^']+)'|parameter named '?([\w.-]+?)'? in (\w+)", line)
+    tensor = (name.group(1) or name.group(2)) if name else "(unknown)"
+    resolved = ctx.search(r"Resolved architecture: (\w+)") or ctx.search(r"architectures?=\[?'(\w+)'")
+    module = ctx.search(r"models/(\w+)\.py\"?, line \d+, in load_weights")
+    architecture = resolved.group(1) if resolved else (name.group(3) if name and name.group(3) else None)
+    what = architecture or (f"its {module.group(1)} implementation" if module else "its architecture")
+    cause = (
+        f"{ctx.subject}'s checkpoint holds a weight named {tensor!r} that vLLM 0.32's loader for {what} does not "
+        f"know: the checkpoint's layout (a quantization's extra tensors, or keys saved by another library version) is "
+        f"not the one this vLLM release loads"
+    )
+    fixes = [
+        "run a vLLM release that supports this checkpoint (the model card names the version it was tested with)",
+        "or set MODEL_REVISION to a revision saved in the layout vLLM loads, or MODEL_NAME to another checkpoint of "
+        "the same model (the original, or one quantized with a method vLLM 0.32 lists)",
+    ]
+    return answer(ctx, "unsupported_architecture", cause, fixes, line=line, variable="MODEL_NAME",
+                  value=architecture or tensor, detail="weight_names")
 
 
 def _trust_remote_code(ctx: Context) -> Diagnosis:
@@ -313,7 +338,10 @@ _HOST_WHAT = {
     "nccl": "the GPUs' communication library (NCCL)",
     "driver": "the GPU driver or CUDA setup of this machine",
     "device": "this machine's GPU",
-    "arch": "this GPU's support: the engine's kernels were not built for its architecture",
+    "arch": (
+        "this GPU's support: the engine's compiled kernels (CUDA's or Triton's) cannot run on it, built for another "
+        "architecture or by a CUDA newer than its driver"
+    ),
     "cpu": "this machine's CPU: it lacks an instruction set the engine was built for",
 }
 
@@ -332,6 +360,7 @@ def _host_fault(ctx: Context) -> Diagnosis:
     ]
     if detail == "arch":
         fixes.append("choose a GPU type this image supports (the worker's image supports Ampere, Ada and Hopper cards)")
+        fixes.append("if the card is one of those, allow only CUDA versions at least the image's in the endpoint's settings")
     if detail == "driver":
         fixes.append("if it happens on every machine, allow only CUDA versions this image supports in the endpoint's settings")
     if detail == "nccl" and ctx.profile.tensor_parallel_size > 1:
