@@ -66,3 +66,49 @@ def test_the_first_launch_runs_the_profile_the_plan_predicted_to_fit(tmp_path: P
     assert outcome.profile is not None and outcome.profile["name"] == "max_num_seqs=32"
     assert outcome.capacity_plan["plan"] == "profile"
 
+
+
+# A real public CUDA out-of-memory log from a 24 GiB card (vllm-project/vllm#15105, RTX 3090).
+REAL_OOM = (Path(__file__).parents[1] / "field" / "startup_failures" / "mem_016_v1_vllmworker_oom_tp2_3090.log").read_text()
+
+
+def _start_on_the_plan(tmp_path: Path, launches: list[dict[str, object]]) -> tuple[launcher.StartupOutcome, list[list[str]]]:
+    facts = capacity.facts_from_config(CONFIG, PARAMS, source="org/big-vocab")
+    base = {"MODEL_NAME": "org/big-vocab", "MAX_NUM_SEQS": "256", "MAX_CONCURRENCY": "30"}
+    env = {**base, "MAX_MODEL_LEN": str(_length_beyond(facts, base))}
+    plan = capacity.startup_plan(LaunchProfile.parse(env), CARD, 30, facts=facts)
+    assert plan.status == "profile" and plan.overrides == {"MAX_NUM_SEQS": "32"}
+    engine = FakeEngine(tmp_path, launches)
+    env.update(engine.env())
+    settings = settings_mod.load(env)
+    supervisor = launcher.Supervisor(settings)
+    try:
+        outcome = launcher.start_engine(LaunchProfile.parse(env), settings, supervisor, None, plan, CARD)
+    finally:
+        supervisor.stop()
+        engine.kill_leftovers()
+    return outcome, engine.argvs()
+
+
+def _seqs_and_eager(argv: list[str]) -> tuple[str, bool]:
+    return argv[argv.index("--max-num-seqs") + 1], "--enforce-eager" in argv
+
+
+def test_a_plan_chosen_first_launch_that_dies_of_oom_keeps_the_plans_batch_and_adds_the_next_step(
+    tmp_path: Path,
+) -> None:
+    outcome, argvs = _start_on_the_plan(tmp_path, [{"output": REAL_OOM, "exit_code": 1}, {"serve": True}])
+    # Never 256 again: the plan already took the fewer-sequences step, so the relaunch is 32 and eager.
+    assert [_seqs_and_eager(argv) for argv in argvs] == [("32", False), ("32", True)]
+    assert outcome.fatal is None and [r["outcome"] for r in outcome.launches] == ["failed", "ready"]
+    assert outcome.profile is not None and outcome.profile["name"] == "eager"
+    assert outcome.profile["tried"] == ["launched with MAX_NUM_SEQS=32", "relaunched with ENFORCE_EAGER=true"]
+
+
+def test_when_the_plans_profile_and_eager_both_die_of_oom_the_answer_names_both(tmp_path: Path) -> None:
+    oom = {"output": REAL_OOM, "exit_code": 1}
+    outcome, argvs = _start_on_the_plan(tmp_path, [oom, oom, oom])
+    # Two launches, not three: both memory steps were taken, so none is left to try.
+    assert [_seqs_and_eager(argv) for argv in argvs] == [("32", False), ("32", True)]
+    assert outcome.fatal is not None and outcome.cause == "memory_shortfall"
+    assert "Already tried: launched with MAX_NUM_SEQS=32; relaunched with ENFORCE_EAGER=true." in outcome.fatal

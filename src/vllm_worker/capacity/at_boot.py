@@ -41,6 +41,7 @@ class FitDecision:
     status: str  # "as_configured" | "profile" | "cannot_fit" | "unknown"
     overrides: dict[str, str | None] = field(default_factory=dict)
     relaunch: Any = None  # ladder.Relaunch for the chosen profile (None when as configured)
+    steps: list[Any] = field(default_factory=list)  # the ladder steps that make it, in order (each a step taken)
     not_fitting: list[str] = field(default_factory=list)  # ladder profiles predicted not to fit (for the log)
     plan: Plan | None = None  # the plan of the configuration that will be launched
     configured: Plan | None = None  # the plan as configured
@@ -84,6 +85,7 @@ def fit_profile(
     climb = ladder.Ladder(profile, max_concurrency, device_total_bytes=device_total_bytes)
     launch = profile
     candidates: list[tuple[Any, Mapping[str, str], Plan]] = []
+    steps: dict[int, list[Any]] = {}  # id(step) -> the steps taken up to it
     while True:
         step = climb.after_failure(launch, shortfall)
         if isinstance(step, ladder.Stop):
@@ -92,6 +94,7 @@ def fit_profile(
         launch_env = launch.env
         candidate = plan_for(launch_env)
         candidates.append((step, launch_env, candidate))
+        steps[id(step)] = list(climb.taken)
         if candidate.verdict != "does_not_fit":
             break
 
@@ -116,6 +119,7 @@ def fit_profile(
                     f"(predicted about {auto_plan.max_model_len} tokens)"
                 ),
                 tried=Tried({"MAX_MODEL_LEN": "auto"}, how="first_launch"),
+                step="context",
                 warnings=[
                     f"MAX_MODEL_LEN is not set and the model's full {facts.max_context}-token context does not fit "
                     f"on this GPU: launching with MAX_MODEL_LEN=auto (about {auto_plan.max_model_len} tokens predicted, "
@@ -124,6 +128,7 @@ def fit_profile(
                 ],
             )
             chosen = (context, auto_env, auto_plan)
+            steps[id(context)] = [base_step, context] if base_step else [context]
 
     decision.not_fitting = [s.profile for s, _, p in candidates if p.verdict == "does_not_fit"]
     if chosen is None:
@@ -137,6 +142,7 @@ def fit_profile(
     step, launch_env, chosen_plan = chosen
     decision.status = "profile"
     decision.relaunch = step
+    decision.steps = steps[id(step)]
     decision.overrides = ladder.overrides_against(env, step.overrides)
     decision.plan = chosen_plan
     decision.warnings = list(step.warnings)
@@ -252,6 +258,7 @@ class StartupPlan:
     fatal_message: str | None = None
     predicted: Plan | None = None  # the plan of what will be launched
     relaunch: Any = None  # ladder.Relaunch when a ladder profile was chosen
+    first_steps: list[Any] = field(default_factory=list)  # the ladder steps the first launch takes, in order
     facts: ModelFacts | None = None
     device_total_bytes: int | None = None
     device_name: str | None = None
@@ -363,6 +370,7 @@ def startup_plan(
         fatal_message=decision.fatal_message,
         predicted=decision.plan,
         relaunch=decision.relaunch,
+        first_steps=decision.steps,
         facts=facts,
         device_total_bytes=device_total_bytes,
         device_name=device_name,

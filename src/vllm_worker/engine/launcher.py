@@ -275,7 +275,7 @@ def start_engine(
     outcome = StartupOutcome(
         base_env=dict(base.env), launcher=launcher, device_total_bytes=device_total_bytes, climb=climb
     )
-    profile = climb.start_on(startup_plan.relaunch if startup_plan is not None else None)
+    profile = climb.start_on(startup_plan.first_steps if startup_plan is not None else None)
     while True:
         result = launcher.attempt(profile, tried=climb.tried)
         outcome.served_model_name = result.served_model_name or outcome.served_model_name
