@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence, cast
 
-from vllm_worker.config import args_builder
+from vllm_worker.config import args_builder, command
 
 from vllm_worker import capacity
 
@@ -211,11 +211,11 @@ def _startup(
     from vllm_worker.model import preflight
 
     # Every flag value the table can judge is answered now, before any Hub call or launch.
+    profile = LaunchProfile.parse(env)
     try:
-        built = args_builder.build_args(env, settings)
+        built = command.build_args(profile, settings)
     except args_builder.ArgsError as exc:
         return StartupOutcome(fatal=str(exc))
-    profile = LaunchProfile.parse(env)
     cached = model_cache.lookup(profile)
     caches = compile_cache.prepare(settings.base_path, env, built.argv, str(cached.snapshot) if cached else None)
     if caches.warning:

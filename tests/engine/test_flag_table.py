@@ -27,6 +27,8 @@ from unittest import mock
 import pytest
 
 from vllm_worker.config import flag_messages
+from vllm_worker.config import command
+from vllm_worker.config.profile import LaunchProfile
 from vllm_worker.config.args_builder import (
     ALIASES,
     FLAGS,
@@ -36,7 +38,6 @@ from vllm_worker.config.args_builder import (
     SHORT_OPTIONS,
     TABLE_FILE,
     ArgsError,
-    build_args,
     flag_for,
 )
 from vllm_worker.config.settings import Settings
@@ -166,7 +167,7 @@ def names(*kinds: str) -> list[str]:
 
 def serve_argv(env: dict[str, str]) -> list[str]:
     """The worker's argv as the `vllm` entry point sees it (`serve ...`)."""
-    argv = build_args(env, SETTINGS).argv
+    argv = _build(env, SETTINGS).argv
     assert argv[: len(SETTINGS.vllm_command)] == list(SETTINGS.vllm_command)
     return ["serve", *argv[len(SETTINGS.vllm_command) :]]
 
@@ -518,3 +519,8 @@ def test_every_value_the_worker_takes_the_parser_takes(real_parser, cases):
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
 
+
+
+def _build(env, settings, caches=None):  # type: ignore[no-untyped-def]
+    """The argv the worker renders for `env`: parsed into its launch profile, then rendered."""
+    return command.build_args(LaunchProfile.parse(env), settings, caches)

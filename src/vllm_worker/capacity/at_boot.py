@@ -30,8 +30,8 @@ from vllm_worker.capacity.model_facts import (
     facts_from_hub,
 )
 from vllm_worker.capacity.plan_report import summary_line
-from vllm_worker.capacity.plan_settings import cpu_has_amx, knobs_for, knobs_from_env
-from vllm_worker.config.profile import LaunchProfile, apply_overrides
+from vllm_worker.capacity.plan_settings import cpu_has_amx, knobs_for
+from vllm_worker.config.profile import LaunchProfile
 
 
 @dataclass
@@ -68,14 +68,12 @@ def fit_profile(
     else "cannot_fit" with the figures and the fixes. An explicit MAX_MODEL_LEN is never
     lowered, and every explicit setting a profile changes is named in a warning.
     """
-    def plan_for(launch_env: Mapping[str, str]) -> Plan:
-        knobs = knobs_from_env(
-            launch_env, max_concurrency=max_concurrency, device_name=device_name, compile_cache=compile_cache
-        )
+    def plan_for(launch: LaunchProfile) -> Plan:
+        knobs = knobs_for(launch, max_concurrency=max_concurrency, device_name=device_name, compile_cache=compile_cache)
         return plan(facts, device_total_bytes, knobs, max_concurrency=max_concurrency)
 
     env = profile.env
-    configured = plan_for(env)
+    configured = plan_for(profile)
     decision = FitDecision(status="as_configured", plan=configured, configured=configured)
     if configured.verdict != "does_not_fit":
         return decision
@@ -84,29 +82,28 @@ def fit_profile(
     shortfall = Diagnosis(kind="memory_shortfall", message="predicted", evidence="capacity plan", detail="kv_too_small")
     climb = ladder.Ladder(profile, max_concurrency, device_total_bytes=device_total_bytes)
     launch = profile
-    candidates: list[tuple[Any, Mapping[str, str], Plan]] = []
+    candidates: list[tuple[Any, LaunchProfile, Plan]] = []
     steps: dict[int, list[Any]] = {}  # id(step) -> the steps taken up to it
     while True:
         step = climb.after_failure(launch, shortfall)
         if isinstance(step, ladder.Stop):
             break
         launch = climb.profile
-        launch_env = launch.env
-        candidate = plan_for(launch_env)
-        candidates.append((step, launch_env, candidate))
+        candidate = plan_for(launch)
+        candidates.append((step, launch, candidate))
         steps[id(step)] = list(climb.taken)
         if candidate.verdict != "does_not_fit":
             break
 
     chosen = next(((s, e, p) for s, e, p in candidates if p.verdict == "fits"), None)
     chosen = chosen or next(((s, e, p) for s, e, p in candidates if p.verdict == "too_close_to_call"), None)
-    explicit_len = profile.value("MAX_MODEL_LEN") is not None
+    explicit_len = profile.max_model_len is not None
     if chosen is None and fit_context and not explicit_len and not configured.problems:
         base_step = candidates[0][0] if candidates and candidates[0][0].profile.startswith("max_num_seqs") else None
         overrides = dict(base_step.overrides) if base_step else {}
         overrides["MAX_MODEL_LEN"] = "auto"
-        auto_env = apply_overrides(env, overrides)
-        auto_plan = plan_for(auto_env)
+        auto = profile.with_overrides("context_auto", overrides)
+        auto_plan = plan_for(auto)
         # vLLM fits the context to the memory it measures, so a first boot's compile only shortens it:
         # the central prediction decides, and the warning gives the band.
         if auto_plan.verdict != "does_not_fit" and auto_plan.max_model_len_fits >= min(MIN_USEFUL_CONTEXT, facts.max_context):
@@ -127,7 +124,7 @@ def fit_profile(
                     f"set MAX_MODEL_LEN to choose the context yourself"
                 ],
             )
-            chosen = (context, auto_env, auto_plan)
+            chosen = (context, auto, auto_plan)
             steps[id(context)] = [base_step, context] if base_step else [context]
 
     decision.not_fitting = [s.profile for s, _, p in candidates if p.verdict == "does_not_fit"]
@@ -139,7 +136,7 @@ def fit_profile(
             facts, configured, best, profile, max_concurrency=max_concurrency, device_name=device_name
         )
         return decision
-    step, launch_env, chosen_plan = chosen
+    step, _, chosen_plan = chosen
     decision.status = "profile"
     decision.relaunch = step
     decision.steps = steps[id(step)]
@@ -147,7 +144,7 @@ def fit_profile(
     decision.plan = chosen_plan
     decision.warnings = list(step.warnings)
     for name, value in decision.overrides.items():
-        before = profile.raw(name)
+        before = profile.written(name)
         if before is not None and value is not None and before != value:
             line = (
                 f"{name}={before} is OVERRIDDEN to {value} for the first launch: the capacity plan predicts the "
@@ -173,7 +170,7 @@ def cannot_fit_message(
     device = f"{fmt_gib(configured.device_total_bytes)} GiB GPU"
     if configured.gpus > 1:
         device = f"{configured.gpus} x {fmt_gib(configured.device_total_bytes)} GiB GPUs"
-    explicit_len = profile.value("MAX_MODEL_LEN") is not None
+    explicit_len = profile.max_model_len is not None
     weights_only = best.weights_bytes + best.non_torch_bytes + best.activation_bytes >= (best.requested_bytes or 0)
     fixes: list[str]
     if configured.problems:
@@ -213,14 +210,16 @@ def _hardware_fixes(
     explicit_len: bool,
 ) -> list[str]:
     """More GPUs or a larger card that hold the weights and a useful context (MAX_MODEL_LEN=auto when unset)."""
-    launch = dict(profile.env)
-    if not explicit_len:
-        launch["MAX_MODEL_LEN"] = "auto"
+    context: dict[str, str | None] = {} if explicit_len else {"MAX_MODEL_LEN": "auto"}
     want = min(MIN_USEFUL_CONTEXT, facts.max_context)
+    launches: dict[tuple[tuple[str, str], ...], LaunchProfile] = {}
 
     def fits(extra: Mapping[str, str], total: int | None) -> Plan | None:
+        key = tuple(sorted(extra.items()))
+        if key not in launches:  # one profile per configuration, whichever card it is planned on
+            launches[key] = profile.with_overrides(profile.name, {**context, **extra})
         try:
-            knobs = knobs_from_env({**launch, **extra}, max_concurrency=max_concurrency, device_name=device_name)
+            knobs = knobs_for(launches[key], max_concurrency=max_concurrency, device_name=device_name)
             p = plan(facts, total, knobs, with_changes=False)
         except CapacityError:
             return None

@@ -40,15 +40,14 @@ import json
 import os
 import re
 import shlex
-from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any, Iterable, Literal, Mapping, Sequence
 
 from vllm_worker.config import flag_messages, official_worker
 from vllm_worker.config.env import BOOL_ACCEPTED, EXTRA_ARGS, RefusedValue, bool_word
 from vllm_worker.config.env import value as value_of
-from vllm_worker.config.engine_env import engine_environment
-from vllm_worker.config.settings import DOCUMENTED, Settings, multiple_of_8_at_least
+from vllm_worker.config.settings import DOCUMENTED
+
 
 Kind = Literal["value", "optional_value", "list", "append", "pair", "store_true", "removed"]
 # value:      `--flag VALUE` (optional_value: the same; vLLM also takes the bare flag)
@@ -256,20 +255,6 @@ class ArgsError(RefusedValue):
     """A variable that becomes a `vllm serve` argument holds a value the worker cannot use."""
 
 
-@dataclass
-class BuiltArgs:
-    """The command that starts the engine, and what the worker needs to know about it."""
-
-    argv: list[str]
-    served_model_name: str
-    engine_env: dict[str, str]
-    warnings: list[str] = field(default_factory=list)
-
-    def masked(self) -> str:
-        """The command line as it may be logged."""
-        return mask(self.argv, self.engine_env)
-
-
 def flag_for(name: str) -> str:
     """`MAX_MODEL_LEN` -> `--max-model-len`."""
     return "--" + name.lower().replace("_", "-")
@@ -323,8 +308,9 @@ def _list_values(variable: str, value: str, env: Mapping[str, str]) -> list[str]
     return _split_words(variable, value, env)
 
 
-def _resolve(env: Mapping[str, str], warnings: list[str]) -> tuple[dict[str, str], dict[str, str]]:
-    """Table name -> value, and table name -> the variable that set it, after aliases.
+def resolve(env: Mapping[str, str], warnings: list[str]) -> tuple[dict[str, str], dict[str, str]]:
+    """Table name -> value, and table name -> the variable that set it, after aliases, legacy names and
+    the official worker's speculative variables. `LaunchProfile.parse` calls it, once per profile.
 
     Raises ArgsError on conflicting spellings.
     """
@@ -495,78 +481,6 @@ def lookalike_warnings(env: Mapping[str, str]) -> list[str]:
                 f"did you mean {match} ({what})?"
             )
     return warnings
-
-
-def build_args(env: Mapping[str, str], settings: Settings, caches: Mapping[str, str] | None = None) -> BuiltArgs:
-    """The `vllm serve` argv and environment for a launch configuration (the env mapping); ArgsError if
-    unusable. `caches`: the compile-cache variables to give the engine (engine_env.cache_variables)."""
-    warnings: list[str] = []
-    baked = value_of(env, BAKED_MODEL_PATH)
-    model_name = value_of(env, "MODEL_NAME")
-    if baked is None and model_name is None:
-        raise ArgsError(
-            "MODEL_NAME",
-            "",
-            "",
-            message="MODEL_NAME is not set: set it to the Hugging Face model to serve, such as 'Qwen/Qwen3-0.6B'.",
-        )
-    model = baked or model_name
-    assert model is not None
-
-    values, sources = _resolve(env, warnings)
-    extra = _extra_args(env)
-    extra_flags = _flags_in(extra)
-    config = _config_file(env, extra_flags)
-
-    if baked is not None:
-        # The baked directory is the revision that was downloaded at build time.
-        dropped = [name for name in ("REVISION", "CODE_REVISION") if values.pop(name, None) is not None]
-        if "TOKENIZER" not in values and values.pop("TOKENIZER_REVISION", None) is not None:
-            dropped.append("TOKENIZER_REVISION")
-        if dropped:
-            warnings.append(f"{', '.join(dropped)} ignored: the model is baked into the image at {baked}.")
-        if "SERVED_MODEL_NAME" not in values and model_name is not None:
-            # Clients keep asking for the Hub name, not the path inside the image.
-            values["SERVED_MODEL_NAME"], sources["SERVED_MODEL_NAME"] = model_name, "MODEL_NAME"
-
-    for name in ZERO_MEANS_UNSET:
-        if name in values and _is_zero(values[name]):
-            del values[name]
-    # A config file may set max-num-seqs, and the command line would override it.
-    if "MAX_NUM_SEQS" not in values and "--max-num-seqs" not in extra_flags and not config:
-        values["MAX_NUM_SEQS"] = str(multiple_of_8_at_least(settings.max_concurrency))
-        sources["MAX_NUM_SEQS"] = "MAX_CONCURRENCY"
-
-    for name, reason in NOT_FROM_ENV.items():
-        if reason is not None and value_of(env, name) is not None:
-            warnings.append(f"{name} is not passed to vLLM as {OPTIONS[name]['flag']}: {reason}.")
-
-    argv = [*settings.vllm_command, model, "--host", settings.vllm_host, "--port", str(settings.vllm_port), *config]
-    for name, kind in FLAGS.items():
-        if name not in values:
-            continue
-        value = values[name]
-        if kind == "removed":
-            if not official_worker.at_form_default(name, value):  # the official Hub form writes its defaults
-                warnings.append(f"{name}={value!r} is ignored: vLLM 0.32 has no {flag_for(name)} ({REMOVED_NOTES[name]}).")
-            continue
-        flag = OPTIONS[name]["flag"]
-        source = sources.get(name, name)
-        if flag in extra_flags or (kind == "pair" and "--no-" + flag[2:] in extra_flags):
-            warnings.append(f"{source} sets {flag}, but {EXTRA_ARGS} sets it too; the {EXTRA_ARGS} value wins.")
-        argv += _option_args(name, kind, value, source, env)
-        note = OPTIONS[name].get("deprecated")
-        if note:
-            warnings.append(f"{source}: {note}")
-    argv += extra
-    warnings += official_worker.notices(env)
-    warnings += lookalike_warnings(env)
-
-    served = values.get("SERVED_MODEL_NAME")
-    served_model_name = ([*_list_values("SERVED_MODEL_NAME", served, env), model] if served else [model])[0]
-    return BuiltArgs(
-        argv=argv, served_model_name=served_model_name, engine_env=engine_environment(env, caches), warnings=warnings
-    )
 
 
 # --- masking -----------------------------------------------------------------

@@ -41,7 +41,7 @@ def _repo_from(ctx: Context, patterns: Sequence[str]) -> str | None:
 def _repo_variable(ctx: Context, repo: str) -> str:
     if repo != ctx.model:
         for name in ("TOKENIZER_NAME", "TOKENIZER"):
-            if ctx.profile.raw(name) == repo:
+            if ctx.profile.written(name) == repo:
                 return name
     return "MODEL_NAME"
 
@@ -91,7 +91,7 @@ _MODEL_VARIABLES = ("MODEL_NAME", "BAKED_MODEL_PATH", "TOKENIZER_NAME", "TOKENIZ
 
 def _model_variable(ctx: Context, reference: str) -> str:
     """Which variable holds `reference` (the model unless it is the tokenizer's or the baked path)."""
-    return next((name for name in _MODEL_VARIABLES if ctx.profile.raw(name) == reference), "MODEL_NAME")
+    return next((name for name in _MODEL_VARIABLES if ctx.profile.written(name) == reference), "MODEL_NAME")
 
 
 def model_path_missing(ctx: Context) -> Diagnosis:
@@ -121,8 +121,8 @@ def offline_not_cached(ctx: Context) -> Diagnosis:
     repo = ctx.model or (said.group(1) if said else None) or "(unknown)"
     variable = _model_variable(ctx, repo)
     offline = ctx.profile.offline
-    offline_value = ctx.profile.raw(offline) if offline else None
-    revision = ctx.profile.raw("MODEL_REVISION") if variable == "MODEL_NAME" else None
+    offline_value = ctx.profile.written(offline) if offline else None
+    revision = ctx.profile.written("MODEL_REVISION") if variable == "MODEL_NAME" else None
     missing_dir = ctx.search(r"Cache directory not found: (\S+?)\.?(?:\s|$)")
     if missing_dir:
         message = (
@@ -160,9 +160,9 @@ def revision_not_found(ctx: Context) -> Diagnosis:
     url = ctx.search(_URL_REPO.pattern)
     repo = (said.group(2) if said else None) or (url.group(1) if url else None) or ctx.model or "(unknown)"
     revision = (said.group(1) if said else None) or (unquote(url.group(2)) if url else None) or ctx.revision or "(unknown)"
-    variable = next((name for name in _REVISION_VARIABLES if ctx.profile.raw(name) == revision), None)
+    variable = next((name for name in _REVISION_VARIABLES if ctx.profile.written(name) == revision), None)
     if variable is None:
-        variable = next((name for name in _REVISION_VARIABLES if ctx.profile.raw(name) is not None), None)
+        variable = next((name for name in _REVISION_VARIABLES if ctx.profile.written(name) is not None), None)
     if variable is not None:
         message = revision_not_found_message(repo, revision, variable) + tried_sentence(ctx.tried)
     else:

@@ -248,7 +248,7 @@ def _trust_remote_code(ctx: Context) -> Diagnosis:
         cause = f"{subject} needs to run its repository's own Python code for its {part}, which the worker does not allow by default"
         fixes = ["set TRUST_REMOTE_CODE=true if you trust that code"]
     return answer(ctx, "trust_remote_code", cause, fixes, line=hit.line, variable="TRUST_REMOTE_CODE",
-        value=ctx.profile.raw("TRUST_REMOTE_CODE"))
+        value=ctx.profile.written("TRUST_REMOTE_CODE"))
 
 
 def _disk_full(ctx: Context) -> Diagnosis:

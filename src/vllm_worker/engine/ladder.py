@@ -44,7 +44,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Mapping, Sequence
 
-from vllm_worker.config.settings import multiple_of_8_at_least
 from vllm_worker.config.profile import LaunchProfile
 from vllm_worker.diagnosis.verdict import EAGER_MAX_BATCHED_TOKENS, TRANSIENT_KINDS, Diagnosis, Tried, changes_text
 
@@ -210,12 +209,12 @@ def _plan(
 
 
 def _revision_step(profile: LaunchProfile, prior: dict[str, str | None]) -> Relaunch:
-    pinned = [name for name in REVISION_VARIABLES if profile.raw(name) is not None]
+    pinned = [name for name in REVISION_VARIABLES if profile.written(name) is not None]
     overrides = {**prior, **{name: None for name in pinned}}
     if pinned:
         names = ", ".join(pinned)
         warnings = [
-            f"{name}={profile.raw(name)!r} no longer exists on the Hub; relaunching without it, "
+            f"{name}={profile.written(name)!r} no longer exists on the Hub; relaunching without it, "
             f"so the repository's default branch is served"
             for name in pinned
         ]
@@ -229,7 +228,7 @@ def _revision_step(profile: LaunchProfile, prior: dict[str, str | None]) -> Rela
 
 
 def _seqs_step(profile: LaunchProfile, prior: dict[str, str | None], max_concurrency: int) -> Relaunch | None:
-    target = multiple_of_8_at_least(max_concurrency)
+    target = LaunchProfile.default_max_num_seqs(max_concurrency)
     current = profile.effective_max_num_seqs(max_concurrency)
     if current <= target or "max-num-seqs" in profile.extra_args_flags:
         return None

@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Mapping, Sequence
 
-from vllm_worker.config import args_builder
+from vllm_worker.config import args_builder, command
 
 from vllm_worker import capacity
 
@@ -159,10 +159,9 @@ class Launcher:
     def attempt(self, profile: LaunchProfile, record: dict[str, Any] | None = None, tried: Sequence[Tried] = ()) -> Attempt:
         """Launch `profile` once; the launch record (profile, overrides, `record`'s extras) comes back with it."""
         self.count += 1
-        launch_env = profile.env
         record = {"launch": self.count, "profile": profile.name, "overrides": dict(profile.overrides), **(record or {})}
         try:
-            built = args_builder.build_args(launch_env, self.settings, self.caches.env)
+            built = command.build_args(profile, self.settings, self.caches.env)
         except args_builder.ArgsError as exc:
             return Attempt("fatal", record, message=str(exc))
         for warning in built.warnings:

@@ -30,7 +30,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from vllm_worker.config.env import EXTRA_ARGS, shell_words
 from vllm_worker.config.profile import LaunchProfile
 from vllm_worker.diagnosis.hub_messages import (
     gated_repo_message,
@@ -133,15 +132,13 @@ def should_skip(profile: LaunchProfile) -> str | None:
         return "VLLM_USE_MODELSCOPE is set: the model comes from ModelScope, not the Hub"
     if profile.config_file is not None:
         return f"{profile.config_file} is set: the launched model comes from a config file"
-    extra = profile.raw(EXTRA_ARGS)
-    if extra is not None:
-        words = shell_words(extra)
-        if words is None:
-            return "VLLM_EXTRA_ARGS cannot be parsed, so what is launched is unknown"
-        for word in words:
-            flag = word.split("=", 1)[0]
-            if flag in _REFERENCE_FLAGS:
-                return f"VLLM_EXTRA_ARGS sets {flag}: the launched model may not be MODEL_NAME"
+    words = profile.extra_args_words
+    if words is None:
+        return "VLLM_EXTRA_ARGS cannot be parsed, so what is launched is unknown"
+    for word in words:
+        flag = word.split("=", 1)[0]
+        if flag in _REFERENCE_FLAGS:
+            return f"VLLM_EXTRA_ARGS sets {flag}: the launched model may not be MODEL_NAME"
     model = profile.model
     if model is None:
         return "MODEL_NAME is not set"
