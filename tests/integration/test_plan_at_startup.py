@@ -54,7 +54,9 @@ def test_the_first_launch_runs_the_profile_the_plan_predicted_to_fit(tmp_path: P
     settings = settings_mod.load(env)
     supervisor = launcher.Supervisor(settings)
     try:
-        outcome = launcher.start_engine(LaunchProfile.parse(env), settings, supervisor, None, plan, CARD)
+        outcome = launcher.start_engine(LaunchProfile.parse(env), settings, supervisor, None, plan.first_steps, CARD)
+        assert outcome.engine is not None and outcome.climb is not None
+        _, outcome.capacity_plan = capacity.ready_engine_report(plan, outcome.climb.profile, outcome.engine.tail(), 30)
     finally:
         supervisor.stop()
         engine.kill_leftovers()
@@ -88,7 +90,9 @@ def _start_on_the_plan(
     assert plan.status == "profile" and plan.overrides == {"MAX_NUM_SEQS": "32"}
     supervisor = launcher.Supervisor(settings)
     try:
-        outcome = launcher.start_engine(profile, settings, supervisor, None, plan, CARD)
+        outcome = launcher.start_engine(profile, settings, supervisor, None, plan.first_steps, CARD)
+        if outcome.engine is not None and outcome.climb is not None:  # as main does once the engine is ready
+            _, outcome.capacity_plan = capacity.ready_engine_report(plan, outcome.climb.profile, outcome.engine.tail(), 30)
     finally:
         supervisor.stop()
         engine.kill_leftovers()

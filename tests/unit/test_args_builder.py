@@ -14,7 +14,8 @@ import pytest
 from vllm_worker.config import args_builder
 
 from vllm_worker.config import flag_messages
-from vllm_worker.config import command
+from vllm_worker.config import command, secrets
+from vllm_worker.config.secrets import mask
 from vllm_worker.config.profile import LaunchProfile
 from vllm_worker.config.args_builder import (
     ALIASES,
@@ -30,7 +31,6 @@ from vllm_worker.config.args_builder import (
     flag_for,
     is_true,
     lookalike_warnings,
-    mask,
     option_for,
     parse_bool,
 )
@@ -562,7 +562,7 @@ def test_names_kept_off_the_command_line_are_real_options():
 
 def test_every_secret_looking_option_is_kept_off_the_command_line():
     valued = [name for name, option in OPTIONS.items() if option["kind"] not in ("pair", "store_true")]
-    secret = [name for name in valued if args_builder._is_secret_name(name)]
+    secret = [name for name in valued if secrets.is_secret_name(name)]
     assert secret and set(secret) <= set(NOT_FROM_ENV)
 
 

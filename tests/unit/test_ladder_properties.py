@@ -1,7 +1,7 @@
 """The relaunch ladder's promises, held over generated configurations, plan choices and failures.
 
 Hypothesis drives the real `Ladder` the way `launcher.start_engine` does: the first launch on the
-profile the capacity plan chose (its steps, walked on a throwaway ladder as `capacity.at_boot`
+profile the capacity plan chose (its steps, walked on a throwaway ladder as `capacity.first_launch`
 walks it), then after each failed launch the ladder's answer, until it stops or a launch serves.
 Whatever the configuration and the failures:
 

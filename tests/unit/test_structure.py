@@ -113,7 +113,7 @@ FOLDER_RULE: dict[str, set[str]] = {
     "diagnosis": {"config"},
     "model": {"config", "diagnosis"},
     "capacity": {"config", "diagnosis", "model", "engine.ladder"},
-    "engine": {"config", "diagnosis", "model", "capacity", "serving.state"},
+    "engine": {"config", "diagnosis", "model", "serving.state"},
     "serving": {"config", "diagnosis"},
 }
 
@@ -134,6 +134,17 @@ def test_each_folder_imports_only_what_comes_before_it_in_a_start() -> None:
                 continue
             broken.append(f"{module} -> {target}")
     assert not broken, "imports across the folder rule: " + "; ".join(broken)
+
+
+def test_no_two_folders_import_each_other() -> None:
+    """Folders form a ladder, not a ring: engine and capacity imported each other once (issue 23)."""
+    between: dict[str, set[str]] = {}
+    for module, targets in graph().items():
+        for target in targets:
+            if _folder(module) != _folder(target):
+                between.setdefault(_folder(module), set()).add(_folder(target))
+    pairs = sorted({tuple(sorted((a, b))) for a, out in between.items() for b in out if a in between.get(b, set())})
+    assert not pairs, f"folders that import each other: {pairs}"
 
 
 def _launch_knobs() -> set[str]:

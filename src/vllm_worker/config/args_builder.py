@@ -37,15 +37,14 @@ from __future__ import annotations
 
 import difflib
 import json
-import os
-import re
 import shlex
 from importlib import resources
-from typing import Any, Iterable, Literal, Mapping, Sequence
+from typing import Any, Iterable, Literal, Mapping
 
 from vllm_worker.config import flag_messages, official_worker
 from vllm_worker.config.env import BOOL_ACCEPTED, EXTRA_ARGS, RefusedValue, bool_word
 from vllm_worker.config.env import value as value_of
+from vllm_worker.config.secrets import mask_text, secret_values
 from vllm_worker.config.settings import DOCUMENTED
 
 
@@ -248,7 +247,6 @@ RESERVED_IN_EXTRA_ARGS: dict[str, str] = {
 
 
 BAKED_MODEL_PATH = "BAKED_MODEL_PATH"
-MASK = "***"
 
 
 class ArgsError(RefusedValue):
@@ -286,7 +284,7 @@ def _split_words(variable: str, value: str, env: Mapping[str, str]) -> list[str]
     try:
         return shlex.split(value)
     except ValueError:
-        shown = _mask_text(value, _secret_values(env))
+        shown = mask_text(value, secret_values(env))
         raise ArgsError(
             variable,
             shown,
@@ -361,7 +359,7 @@ def _fold_official_speculative(env: Mapping[str, str], values: dict[str, str], s
         twins_set = frozenset(key for key, twin in official_worker.SPECULATIVE_TWINS.items() if twin in values)
         values["SPECULATIVE_CONFIG"] = official_worker.fold_speculative(values.get("SPECULATIVE_CONFIG"), fields, twins_set)
     except official_worker.FoldError as error:
-        raise ArgsError(error.variable, _mask_text(error.value, _secret_values(env)), error.accepted) from None
+        raise ArgsError(error.variable, mask_text(error.value, secret_values(env)), error.accepted) from None
     sources.setdefault("SPECULATIVE_CONFIG", ", ".join(sorted({variable for variable, _ in fields.values()})))
 
 
@@ -372,7 +370,7 @@ def _extra_args(env: Mapping[str, str]) -> list[str]:
     words = _split_words(EXTRA_ARGS, raw, env)
     for flag in _flags_in(words):
         if flag in RESERVED_IN_EXTRA_ARGS:
-            shown = _mask_text(raw, _secret_values(env))
+            shown = mask_text(raw, secret_values(env))
             raise ArgsError(EXTRA_ARGS, shown, f"{RESERVED_IN_EXTRA_ARGS[flag]}; remove {flag} from {EXTRA_ARGS}")
     return words
 
@@ -412,7 +410,7 @@ def _checked(source: str, option: Mapping[str, Any], items: list[str], value: st
     accepted = flag_messages.problem(option, items)
     if accepted is None:
         return
-    shown = _mask_text(value, _secret_values(env))
+    shown = mask_text(value, secret_values(env))
     flag = option["flag"]
     raise ArgsError(source, shown, f"{flag} takes {accepted}",
                     message=flag_messages.invalid_value(source, shown, flag, accepted))
@@ -481,89 +479,3 @@ def lookalike_warnings(env: Mapping[str, str]) -> list[str]:
                 f"did you mean {match} ({what})?"
             )
     return warnings
-
-
-# --- masking -----------------------------------------------------------------
-
-_SECRET_WORDS = ("token", "key", "secret", "password", "passwd", "apikey", "credential", "credentials")
-_SECRET_ENV_NAMES = frozenset({"HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"})
-# Shorter values are masked only where a whole argument equals them: replacing
-# "1" inside every argument would garble the log without protecting anything.
-_MIN_SUBSTRING_SECRET = 4
-
-
-def _is_secret_name(name: str) -> bool:
-    """A flag or variable whose value is a credential: its last word names one.
-
-    The last word, not any word: --max-num-batched-tokens and
-    --long-prefill-token-threshold carry numbers, --tokenizer a repo id.
-    """
-    words = [w for w in re.split(r"[-_.]+", name.lower()) if w]
-    if not words:
-        return False
-    return words[-1] in _SECRET_WORDS or any(w in ("secret", "password", "passwd") for w in words)
-
-
-def _secret_values(env: Mapping[str, str]) -> list[str]:
-    secrets = []
-    for name, value in env.items():
-        if (name in _SECRET_ENV_NAMES or _is_secret_name(name)) and value.strip():
-            secrets.append(value.strip())
-    # Longest first, so a secret that contains another is masked whole.
-    return sorted(set(secrets), key=len, reverse=True)
-
-
-def _mask_text(text: str, secrets: Sequence[str]) -> str:
-    for secret in secrets:
-        if len(secret) >= _MIN_SUBSTRING_SECRET:
-            text = text.replace(secret, MASK)
-    # Quotes around the value stay: in a quoting error they are the point.
-    return re.sub(
-        r"(?<!\S)(--?[\w.-]+)(=|\s+)([\"']?)([^\s\"']+)",
-        lambda m: m.group(1) + m.group(2) + m.group(3) + MASK if _is_secret_name(m.group(1).lstrip("-")) else m.group(0),
-        text,
-    )
-
-
-def mask(argv: Sequence[str], env: Mapping[str, str] | None = None) -> str:
-    """`argv` as one shell-quoted line with credentials replaced by '***'.
-
-    Masks the values of secret-looking flags (--api-key, --hf-token, ...), and
-    every occurrence of a secret variable's value (HF_TOKEN, *_API_KEY, ...) taken
-    from `env` (default: the worker's own environment).
-    """
-    secrets = _secret_values(os.environ if env is None else env)
-    out: list[str] = []
-    in_secret = False
-    for arg in argv:
-        if arg.startswith("-") and not _looks_negative_number(arg):
-            name, eq, _ = arg.partition("=")
-            secret_flag = _is_secret_name(name.lstrip("-"))
-            if eq and secret_flag:
-                out.append(f"{name}={MASK}")
-                in_secret = False
-                continue
-            in_secret = secret_flag and not eq
-            out.append(_mask_arg(arg, secrets))
-        elif in_secret:
-            out.append(MASK)  # nargs="+" flags such as --api-key take several values
-        else:
-            out.append(_mask_arg(arg, secrets))
-    return shlex.join(out)
-
-
-def _mask_arg(arg: str, secrets: Sequence[str]) -> str:
-    for secret in secrets:
-        if arg == secret:
-            return MASK
-        if len(secret) >= _MIN_SUBSTRING_SECRET:
-            arg = arg.replace(secret, MASK)
-    return arg
-
-
-def _looks_negative_number(arg: str) -> bool:
-    try:
-        float(arg)
-    except ValueError:
-        return False
-    return True

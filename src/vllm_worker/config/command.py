@@ -28,10 +28,10 @@ from vllm_worker.config.args_builder import (
     _option_args,
     flag_for,
     lookalike_warnings,
-    mask,
 )
 from vllm_worker.config.engine_env import engine_environment
 from vllm_worker.config.profile import LaunchProfile
+from vllm_worker.config.secrets import mask
 from vllm_worker.config.settings import Settings
 
 

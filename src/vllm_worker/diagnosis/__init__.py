@@ -3,10 +3,12 @@
 - `startup_errors`: the entry (`explain`, `classify`, `memory_shortfall`) for a failed launch;
 - `rules`: the wordings of vLLM, torch and huggingface_hub as one table of data;
 - `verdict`: the `Diagnosis` type and the pieces every sentence shares;
-- `shortfall`: out-of-memory; `refused_settings`: a value vLLM refused; `hub`, `hub_messages`:
-  the model could not be fetched; `runtime`: an engine that died or hung while serving.
+- `memory`: out of memory, memory held by another process, the profiling race;
+  `refused_settings`: a value vLLM refused; `hub`: the model could not be fetched (the Hub's
+  sentences, shared with the pre-flight, beside the builders); `runtime`: an engine that died
+  or hung while serving.
 
 Pure functions over text and a profile; imports only `config`.
 """
 
-__all__ = ["hub", "hub_messages", "refused_settings", "rules", "runtime", "shortfall", "startup_errors", "verdict"]
+__all__ = ["hub", "memory", "refused_settings", "rules", "runtime", "startup_errors", "verdict"]

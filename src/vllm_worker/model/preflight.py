@@ -31,7 +31,8 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from vllm_worker.config.profile import LaunchProfile
-from vllm_worker.diagnosis.hub_messages import (
+from vllm_worker.config.secrets import mask_text
+from vllm_worker.diagnosis.hub import (
     gated_repo_message,
     model_path_missing_message,
     repo_not_found_message,
@@ -389,4 +390,5 @@ def _summary(target: Target, info: object) -> ModelSummary:
 
 
 def _scrub(text: str, token: str | None) -> str:
-    return text.replace(token, "***") if token else text
+    """The one secrets rule (config.secrets), with the token the pre-flight used."""
+    return mask_text(text, [token]) if token else text

@@ -32,6 +32,7 @@ from vllm_worker.capacity.model_facts import (
 from vllm_worker.capacity.plan_report import summary_line
 from vllm_worker.capacity.plan_settings import cpu_has_amx, knobs_for
 from vllm_worker.config.profile import LaunchProfile
+from vllm_worker.config.secrets import mask_text, secret_values
 
 
 @dataclass
@@ -347,8 +348,7 @@ def startup_plan(
         )
     except Exception as exc:  # noqa: BLE001 - a plan must never block the boot
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        if profile.hf_token:
-            reason = reason.replace(profile.hf_token, "***")
+        reason = mask_text(reason, secret_values(profile.env))
         return StartupPlan(status="unknown", log_line=f"capacity plan unavailable ({reason}); launching as configured")
     assert decision.plan is not None
     line = summary_line(decision.plan)
