@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from vllm_worker.config import args_builder
+from vllm_worker.config import args_builder, flag_messages
 from vllm_worker.config import env as envs
 from vllm_worker.config.args_builder import ALIASES, FLAGS, LEGACY_ALIASES, LONG_ALIASES, OPTIONS, SHORT_OPTIONS
 from vllm_worker.config.env import RefusedValue, parse_human_int
@@ -170,9 +170,9 @@ def explicit_kv_cache_size(env: Mapping[str, str], cpu: bool = False) -> KvCache
             found = (flag, value)
     if found is not None:
         return KvCacheSize(EXTRA_ARGS_NAME, f"{found[0]} {found[1]}", _parse_bytes(found[1]))
-    value = env_value(env, "KV_CACHE_MEMORY_BYTES")
-    if value is not None:
-        return KvCacheSize("KV_CACHE_MEMORY_BYTES", value, _parse_bytes(value))
+    written = env_value(env, "KV_CACHE_MEMORY_BYTES")
+    if written is not None:
+        return KvCacheSize("KV_CACHE_MEMORY_BYTES", written, _parse_bytes(written))
     return None
 
 
@@ -255,10 +255,12 @@ def _utilization_refusal(value: float | None, text: str | None, variable: str | 
     if text is None:
         return None
     shown = variable or "GPU_MEMORY_UTILIZATION"
-    if value is None or not 0 < value <= 1:
-        accepted = "--gpu-memory-utilization takes a number (greater than 0 and at most 1)"
-        return RefusedValue(shown, text, accepted)
-    if value >= UTILIZATION_CEILING:
+    option = OPTIONS["GPU_MEMORY_UTILIZATION"]
+    accepted = flag_messages.problem(option, [text])  # vLLM's own range: above 0, at most 1
+    if accepted is not None:
+        return RefusedValue(shown, text, f"{option['flag']} takes {accepted}",
+                            message=flag_messages.invalid_value(shown, text, option["flag"], accepted))
+    if value is not None and value >= UTILIZATION_CEILING:
         return RefusedValue(
             shown, text, "",
             message=(

@@ -8,15 +8,11 @@ like the worker's own pre-launch check (`flag_messages`), with vLLM's words afte
 from __future__ import annotations
 
 import re
-from typing import Mapping
 
-from vllm_worker.config import args_builder
-
-from vllm_worker.config import flag_messages
+from vllm_worker.config import args_builder, flag_messages
 from vllm_worker.config.profile import LaunchProfile
-from vllm_worker.diagnosis.verdict import Context, Diagnosis, answer, evidence_of
 from vllm_worker.diagnosis.rules import Hit
-
+from vllm_worker.diagnosis.verdict import Context, Diagnosis, answer, evidence_of
 
 # --- MAX_MODEL_LEN ----------------------------------------------------------------------
 
@@ -62,8 +58,7 @@ def _variable_for_flag(flag: str, profile: LaunchProfile) -> str | None:
         name = name[3:]
     if profile.written(name) is not None:
         return name
-    extra = profile.written(_EXTRA_ARGS) or ""
-    if re.search(rf"(?:^|\s){re.escape(flag)}(?:[=\s]|$)", extra):
+    if any(word == flag or word.startswith(flag + "=") for word in profile.extra_args_words or ()):
         return _EXTRA_ARGS
     return None
 
@@ -91,18 +86,18 @@ def bad_arguments(ctx: Context) -> Diagnosis:
             flag_match = re.match(r"argument (\S+?)(?:/\S+)?: (.+)", error)
             if flag_match:
                 flag = flag_match.group(1)
-                found = _variable_for_flag(flag, ctx.profile)
-                variable = found or flag.lstrip("-").replace("-", "_").upper()
+                set_by = _variable_for_flag(flag, ctx.profile)
+                variable = set_by or flag.lstrip("-").replace("-", "_").upper()
                 value = ctx.profile.written(variable)
                 shown = f"{variable}={value!r}" if value is not None and variable != _EXTRA_ARGS else variable
                 option = args_builder.option_for(flag)
-                if found and found != _EXTRA_ARGS and value is not None and option is not None:
+                if set_by and set_by != _EXTRA_ARGS and value is not None and option is not None:
                     # The pre-launch check's sentence, with vLLM's own words after it.
                     accepted = flag_messages.invalid_value(variable, value, option["flag"], flag_messages.describe(option))
                     cause = f"{accepted.rstrip('.')} (vLLM said: {flag_match.group(2)})"
                 else:
                     cause = f"vLLM rejected {shown} ({flag}: {flag_match.group(2)})"
-                fixes = [f"correct {variable} or unset it" if found else f"correct the variable that sets {flag}"]
+                fixes = [f"correct {variable} or unset it" if set_by else f"correct the variable that sets {flag}"]
             else:
                 variable, value = None, None
                 cause = f"vLLM rejected its command line: {error}"
