@@ -313,13 +313,12 @@ def restart_budget_phrase(max_restarts: int = MAX_RESTARTS, window_s: float = RE
 
 @dataclass(frozen=True)
 class Launch:
-    """One launch of a ladder: the profile launched, the step that made it (None: as configured),
-    and, once it failed, what it failed of."""
+    """One failed launch of a ladder: the profile launched, the step that made it (None: as
+    configured) and what its failure was diagnosed as (None: not recognised)."""
 
     profile: LaunchProfile
     step: Relaunch | None
-    failed: bool = False
-    diagnosis: Diagnosis | None = None
+    diagnosis: Diagnosis | None
 
 
 class Ladder:
@@ -362,7 +361,7 @@ class Ladder:
 
     def after_failure(self, profile: LaunchProfile, diagnosis: Diagnosis | None) -> Relaunch | Stop:
         """`profile` failed to start with `diagnosis`: the next launch, or Stop."""
-        self.launches.append(Launch(profile, self.step, True, diagnosis))
+        self.launches.append(Launch(profile, self.step, diagnosis))
         prior = self.step.overrides if self.step is not None else {}
         step = _plan(
             profile, diagnosis, len(self.launches), self.taken, prior,
