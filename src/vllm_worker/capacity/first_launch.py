@@ -15,14 +15,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
 
-from vllm_worker.engine import ladder
-from vllm_worker.diagnosis.verdict import Diagnosis, Tried
 from vllm_worker.capacity.gpus import CARDS
 from vllm_worker.capacity.kv_cache import kv_bytes_per_token
 from vllm_worker.capacity.memory_budget import MIN_USEFUL_CONTEXT, Plan, fmt_gib, fmt_tokens, plan, weights_bytes
 from vllm_worker.capacity.model_facts import (
-    GiB,
     CapacityError,
+    GiB,
     ModelFacts,
     facts_from_cache,
     facts_from_config,
@@ -33,6 +31,8 @@ from vllm_worker.capacity.plan_report import summary_line
 from vllm_worker.capacity.plan_settings import cpu_has_amx, knobs_for
 from vllm_worker.config.profile import LaunchProfile
 from vllm_worker.config.secrets import mask_text, secret_values
+from vllm_worker.diagnosis.verdict import Diagnosis, Tried
+from vllm_worker.engine import ladder
 
 
 @dataclass

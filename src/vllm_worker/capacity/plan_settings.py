@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping
 
-from vllm_worker.capacity.model_facts import GiB, CapacityError
+from vllm_worker.capacity.model_facts import CapacityError, GiB
 from vllm_worker.config.profile import DEFAULT_GPU_MEMORY_UTILIZATION, LaunchProfile
 
 if TYPE_CHECKING:

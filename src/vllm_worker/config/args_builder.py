@@ -47,7 +47,6 @@ from vllm_worker.config.env import value as value_of
 from vllm_worker.config.secrets import mask_text, secret_values
 from vllm_worker.config.settings import DOCUMENTED
 
-
 Kind = Literal["value", "optional_value", "list", "append", "pair", "store_true", "removed"]
 # value:      `--flag VALUE` (optional_value: the same; vLLM also takes the bare flag)
 # list:       `--flag V1 V2 ...` (nargs="+"): the variable is split like shell words; a JSON

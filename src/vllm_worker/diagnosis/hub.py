@@ -14,7 +14,6 @@ from urllib.parse import unquote
 
 from vllm_worker.diagnosis.verdict import Context, Diagnosis, answer, answer_shared, compose, evidence_of, tried_sentence
 
-
 # --- Hub access -----------------------------------------------------------------------------
 
 # --- the sentences, shared with the pre-flight ---------------------------------------------

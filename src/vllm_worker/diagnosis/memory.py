@@ -17,10 +17,10 @@ from vllm_worker.config.profile import (
     LaunchProfile,
 )
 from vllm_worker.diagnosis.verdict import (
-    Context,
-    Diagnosis,
     EAGER_MAX_BATCHED_TOKENS,
     HIGHEST_ADVISED_UTILIZATION,
+    Context,
+    Diagnosis,
     answer,
     changed,
     device_of,
@@ -295,7 +295,8 @@ def _room_outside_kv_fix(profile: LaunchProfile, kv: KvCacheSize | None) -> str:
         name = "--kv-cache-memory-bytes in VLLM_EXTRA_ARGS" if kv.variable == EXTRA_ARGS_NAME else kv.variable
         return f"lower {name}{now} to leave more room outside the KV cache"
     current = profile.utilization
-    return f"lower GPU_MEMORY_UTILIZATION from {current:g} to {max(0.5, round(current - 0.05, 2)):g} to leave more room outside the KV cache"
+    lower = max(0.5, round(current - 0.05, 2))
+    return f"lower GPU_MEMORY_UTILIZATION from {current:g} to {lower:g} to leave more room outside the KV cache"
 
 
 # --- memory held / profiling race ---------------------------------------------------

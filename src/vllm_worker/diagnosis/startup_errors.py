@@ -27,9 +27,9 @@ from typing import Callable, Sequence
 from vllm_worker.diagnosis import hub as hub_errors
 from vllm_worker.diagnosis import refused_settings
 from vllm_worker.diagnosis import rules as failure_rules
-from vllm_worker.diagnosis.rules import Hit, clean_lines, find_hits, last_words, root_error, root_hit
-from vllm_worker.diagnosis.verdict import Context, Diagnosis, Failure, answer, compose, evidence_of, scrubbed
 from vllm_worker.diagnosis.memory import memory_held_diagnosis, memory_shortfall_diagnosis, profiling_race_diagnosis
+from vllm_worker.diagnosis.rules import Hit, clean_lines, find_hits, last_words, root_error, root_hit
+from vllm_worker.diagnosis.verdict import Context, Diagnosis, Failure, Tried, answer, compose, evidence_of, scrubbed
 
 # kind -> what it means. Every Diagnosis.kind of a failed start is one of these.
 KINDS: dict[str, str] = {
@@ -131,7 +131,7 @@ def _exit_phrase(exit_code: int | None) -> str:
     return f" (exit code {exit_code})"
 
 
-def unknown_failure(output: str, exit_code: int | None, tried: Sequence[str] = ()) -> Diagnosis:
+def unknown_failure(output: str, exit_code: int | None, tried: Sequence[Tried] = ()) -> Diagnosis:
     """vLLM failed for a reason no rule knows: its own root error, so the user still reads the cause."""
     lines = clean_lines(output)
     root = root_error(lines)
@@ -236,7 +236,9 @@ def _unsupported_architecture(ctx: Context) -> Diagnosis:
 def _trust_remote_code(ctx: Context) -> Diagnosis:
     hit = ctx.hits[-1]
     subject = ctx.subject
-    part = "tokenizer" if ctx.search(r"Failed to load the tokenizer") else "processor" if ctx.search(r"Failed to load the processor") else "model"
+    part = "tokenizer" if ctx.search(r"Failed to load the tokenizer") else (
+        "processor" if ctx.search(r"Failed to load the processor") else "model"
+    )
     already = ctx.profile.trust_remote_code is True
     if already:
         cause = (

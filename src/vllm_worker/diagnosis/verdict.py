@@ -2,9 +2,9 @@
 
 One input (`Failure`: the output's tail, the launch profile, the exit code, the steps
 already tried, the weights' size) and one answer (`Diagnosis`). `startup_errors` (what failed
-a start), `memory` (the memory messages: a shortfall, memory held by others, the profiling race) and `runtime` (an engine that died while serving)
-compose their sentences the same way (`compose`): the cause, what the worker already tried,
-then the fixes that remain.
+a start), `memory` (the memory messages: a shortfall, memory held by others, the profiling
+race) and `runtime` (an engine that died while serving) compose their sentences the same way
+(`compose`): the cause, what the worker already tried, then the fixes that remain.
 """
 
 from __future__ import annotations

@@ -21,16 +21,14 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Mapping, Sequence
 
 from vllm_worker.config import args_builder, command, secrets
-from vllm_worker.engine import ladder
-
+from vllm_worker.config import settings as settings_mod
+from vllm_worker.config.profile import LaunchProfile
 from vllm_worker.diagnosis import startup_errors
 from vllm_worker.diagnosis.verdict import Diagnosis, Failure, Tried
-from vllm_worker.config import settings as settings_mod
-from vllm_worker.engine import compile_cache
+from vllm_worker.engine import compile_cache, ladder
 from vllm_worker.engine.download_progress import DownloadPlan
 from vllm_worker.engine.process import Engine, command_problem
 from vllm_worker.engine.startup_phases import PhaseClock, phases_line
-from vllm_worker.config.profile import LaunchProfile
 
 log = logging.getLogger("vllm_worker")
 
@@ -199,7 +197,7 @@ class Launcher:
             record["outcome"] = "ready"
             result.engine = engine
             worker = self.worker_phases if self.count == 1 else {}
-            cache = phase_clock.cache
+            cache: str | None = phase_clock.cache
             if cache is not None and phase_clock.corrupt_entry is not None:
                 cache += f" (vLLM could not read {phase_clock.corrupt_entry} and compiled it again)"
             log.info("%s", phases_line(self.count, {**worker, **phases}, phases, cache))

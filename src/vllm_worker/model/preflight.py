@@ -28,7 +28,7 @@ import os
 import ssl
 import time
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Sequence, cast
 
 from vllm_worker.config.profile import LaunchProfile
 from vllm_worker.config.secrets import mask_text
@@ -337,7 +337,7 @@ def run(
         try:
             result.calls += 1
             info = api.model_info(
-                target.repo, revision=target.revision, timeout=timeout, expand=fields, token=token or False
+                target.repo, revision=target.revision, timeout=timeout, expand=cast(Any, fields), token=token or False
             )
             if index == 0:
                 result.model_info_summary = _summary(target, info)
@@ -346,9 +346,9 @@ def run(
                 _auth_check(endpoint, target.repo, token, timeout)
         except Exception as exc:  # noqa: BLE001 - every failure is classified; none may crash the boot
             kind, definitive = classify_hub_error(exc)
-            message = failure_message(kind, target, token_set=token is not None) if definitive else None
-            if message is not None:
-                return _failed(result, kind, message, started)
+            refusal = failure_message(kind, target, token_set=token is not None) if definitive else None
+            if refusal is not None:
+                return _failed(result, kind, refusal, started)
             warning = _scrub(
                 f"Model pre-flight could not check {target.repo_variable}={target.repo!r} on the Hub "
                 f"({kind}: {_describe(exc)}); starting vLLM anyway.",
