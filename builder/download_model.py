@@ -39,7 +39,7 @@ from huggingface_hub.errors import (
 )
 from huggingface_hub.utils import disable_progress_bars
 
-from vllm_worker.diagnosis.hub_messages import gated_repo_message, repo_not_found_message, revision_not_found_message, unauthorized_message
+from vllm_worker.diagnosis.hub import gated_repo_message, repo_not_found_message, revision_not_found_message, unauthorized_message
 
 # Files vLLM reads besides the weights: configs, tokenizers (sentencepiece, tiktoken, vocab/merges),
 # chat templates, and the Python of models that need TRUST_REMOTE_CODE.

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence, cast
 
-from vllm_worker.config import args_builder
+from vllm_worker.config import args_builder, command
 
 from vllm_worker import capacity
 
@@ -37,7 +37,7 @@ from vllm_worker.serving import handler
 from vllm_worker.model import cache as model_cache
 
 from vllm_worker.serving import engine_load, fresh_machine
-from vllm_worker.serving import platform as runpod_glue
+from vllm_worker.serving import platform
 from vllm_worker.config import settings as settings_mod
 from vllm_worker.config.profile import LaunchProfile
 from vllm_worker.engine import compile_cache
@@ -64,16 +64,16 @@ def run(env: Mapping[str, str] | None = None) -> int:
     except settings_mod.SettingsError as exc:
         log.error("%s Answering every job with this.", exc)
         sdk_import.join()
-        shutdown = runpod_glue.Shutdown()
+        shutdown = platform.Shutdown()
         shutdown.install()
         return _serve(WorkerState(fatal=str(exc)), 1, shutdown, 0.0)
 
     supervisor = Supervisor(settings)
-    shutdown = runpod_glue.Shutdown(supervisor.stop)
+    shutdown = platform.Shutdown(supervisor.stop)
     shutdown.install()
     try:
         return _start_and_serve(env, settings, supervisor, shutdown, sdk_import, began)
-    except runpod_glue.Stopped as stopped:
+    except platform.Stopped as stopped:
         return stopped.code
     finally:
         supervisor.stop()
@@ -83,7 +83,7 @@ def _start_and_serve(
     env: dict[str, str],
     settings: settings_mod.Settings,
     supervisor: Supervisor,
-    shutdown: runpod_glue.Shutdown,
+    shutdown: platform.Shutdown,
     sdk_import: threading.Thread,
     began: float,
 ) -> int:
@@ -103,7 +103,7 @@ def _start_and_serve(
     def fresh_worker(sentence: str, kind: str | None) -> str:
         """The answer to a failure; where another machine is the fix, the platform is asked for one."""
         return fresh_machine.answer(
-            sentence, kind, settings.refresh_limit, settings.base_path, runpod_glue.ask_for_fresh_worker
+            sentence, kind, settings.refresh_limit, settings.base_path, platform.ask_for_fresh_worker
         ).sentence
 
     if outcome.fatal:
@@ -154,9 +154,9 @@ def _start_and_serve(
     return _serve(state, settings.max_concurrency, shutdown, settings.drain_timeout)
 
 
-def _serve(state: WorkerState, concurrency: int, shutdown: runpod_glue.Shutdown, drain_timeout: float) -> int:
+def _serve(state: WorkerState, concurrency: int, shutdown: platform.Shutdown, drain_timeout: float) -> int:
     handler.configure(state)
-    return runpod_glue.serve(handler.handler, handler.close_session, concurrency, shutdown, state, drain_timeout)
+    return platform.serve(handler.handler, handler.close_session, concurrency, shutdown, state, drain_timeout)
 
 
 def _prepare_worker_process() -> None:
@@ -211,11 +211,11 @@ def _startup(
     from vllm_worker.model import preflight
 
     # Every flag value the table can judge is answered now, before any Hub call or launch.
+    profile = LaunchProfile.parse(env)
     try:
-        built = args_builder.build_args(env, settings)
+        built = command.build_args(profile, settings)
     except args_builder.ArgsError as exc:
         return StartupOutcome(fatal=str(exc))
-    profile = LaunchProfile.parse(env)
     cached = model_cache.lookup(profile)
     caches = compile_cache.prepare(settings.base_path, env, built.argv, str(cached.snapshot) if cached else None)
     if caches.warning:
@@ -281,7 +281,11 @@ def _startup(
         download=download,
         worker_phases=phases,
     )
-    outcome = start_engine(profile, settings, supervisor, waiter, plan, total, launcher=launcher)
+    outcome = start_engine(profile, settings, supervisor, waiter, plan.first_steps, total, launcher=launcher)
+    if outcome.engine is not None and outcome.climb is not None:
+        outcome.capacity, outcome.capacity_plan = capacity.ready_engine_report(
+            plan, outcome.climb.profile, outcome.engine.tail(), settings.max_concurrency
+        )
     outcome.model_cache = cached.status() if cached else None
     return outcome
 

@@ -33,7 +33,8 @@ from tests.support.control_plane import ControlPlane
 from tests.support.engine_env import BOOT_TIMEOUT, STOP_GRACE
 from tests.support.worker_proc import WorkerProcess
 from vllm_worker.diagnosis.verdict import Failure
-from vllm_worker.config import args_builder
+from vllm_worker.config import command
+from vllm_worker.config.profile import LaunchProfile
 from vllm_worker.engine import ladder
 from vllm_worker.diagnosis import startup_errors
 from vllm_worker.config import settings as worker_settings
@@ -75,7 +76,7 @@ class Capture:
 def capture(env: Mapping[str, str]) -> Capture:
     """Start vLLM with the argv the worker would build for `env`; return how it failed."""
     settings = worker_settings.load(env)
-    built = args_builder.build_args(env, settings)
+    built = command.build_args(LaunchProfile.parse(env), settings)
     engine = Engine(
         built.argv,
         engine_env.engine_env(built.engine_env),

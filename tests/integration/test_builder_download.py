@@ -18,7 +18,7 @@ from typing import Iterator
 import pytest
 
 from tests.support.hub_stub import HubStub
-from vllm_worker.diagnosis import hub_messages
+from vllm_worker.diagnosis.hub import gated_repo_message, repo_not_found_message, revision_not_found_message, unauthorized_message
 from vllm_worker.diagnosis import startup_errors
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -219,13 +219,13 @@ def test_no_model_name_bakes_nothing(hub: HubStub, tmp_path: Path) -> None:
 
 def test_gated_repo_without_token_fails_the_build(hub: HubStub, tmp_path: Path) -> None:
     result = bake(hub, tmp_path, MODEL_NAME="org/gated")
-    assert_fails_with(result, hub_messages.gated_repo_message("org/gated", "MODEL_NAME", token_set=False) + HINT)
+    assert_fails_with(result, gated_repo_message("org/gated", "MODEL_NAME", token_set=False) + HINT)
     assert not (tmp_path / "baked-model.json").exists()
 
 
 def test_gated_repo_with_a_token_without_access_fails_the_build(hub: HubStub, tmp_path: Path) -> None:
     result = bake(hub, tmp_path, token=TOKEN_WITHOUT_ACCESS, MODEL_NAME="org/gated")
-    assert_fails_with(result, hub_messages.gated_repo_message("org/gated", "MODEL_NAME", token_set=True) + HINT)
+    assert_fails_with(result, gated_repo_message("org/gated", "MODEL_NAME", token_set=True) + HINT)
     assert_no_secret(result)
 
 
@@ -240,24 +240,24 @@ def test_gated_repo_with_the_build_secret_is_baked(hub: HubStub, tmp_path: Path)
 
 def test_invalid_token_fails_the_build(hub: HubStub, tmp_path: Path) -> None:
     result = bake(hub, tmp_path, token="hf_unknown0123456789abcdef", MODEL_NAME="org/full")
-    assert_fails_with(result, hub_messages.unauthorized_message("org/full", "MODEL_NAME", token_set=True) + HINT)
+    assert_fails_with(result, unauthorized_message("org/full", "MODEL_NAME", token_set=True) + HINT)
     assert "hf_unknown0123456789abcdef" not in result.stdout + result.stderr
 
 
 def test_bad_revision_fails_the_build(hub: HubStub, tmp_path: Path) -> None:
     result = bake(hub, tmp_path, MODEL_NAME="org/full", MODEL_REVISION="no-such-branch")
-    assert_fails_with(result, hub_messages.revision_not_found_message("org/full", "no-such-branch", "MODEL_REVISION"))
+    assert_fails_with(result, revision_not_found_message("org/full", "no-such-branch", "MODEL_REVISION"))
 
 
 def test_bad_tokenizer_revision_names_the_tokenizer_variables(hub: HubStub, tmp_path: Path) -> None:
     result = bake(hub, tmp_path, MODEL_NAME="org/full", TOKENIZER_NAME="org/tokenizer", TOKENIZER_REVISION="gone")
-    assert_fails_with(result, hub_messages.revision_not_found_message("org/tokenizer", "gone", "TOKENIZER_REVISION"))
+    assert_fails_with(result, revision_not_found_message("org/tokenizer", "gone", "TOKENIZER_REVISION"))
 
 
 @pytest.mark.parametrize("name", ["org/missing", "org/with space"])
 def test_missing_or_malformed_repo_fails_the_build(hub: HubStub, tmp_path: Path, name: str) -> None:
     result = bake(hub, tmp_path, MODEL_NAME=name)
-    assert_fails_with(result, hub_messages.repo_not_found_message(name, "MODEL_NAME") + HINT)
+    assert_fails_with(result, repo_not_found_message(name, "MODEL_NAME") + HINT)
 
 
 def test_repo_without_loadable_weights_fails_the_build(hub: HubStub, tmp_path: Path) -> None:

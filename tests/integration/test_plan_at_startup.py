@@ -12,7 +12,7 @@ from pathlib import Path
 
 from tests.support.fake_engine import FakeEngine
 from vllm_worker.engine import launcher
-from vllm_worker.config.profile import LaunchProfile
+from vllm_worker.config.profile import PARSES, LaunchProfile
 from vllm_worker import capacity
 from vllm_worker.capacity import kv_cache
 from vllm_worker.config import settings as settings_mod
@@ -54,7 +54,9 @@ def test_the_first_launch_runs_the_profile_the_plan_predicted_to_fit(tmp_path: P
     settings = settings_mod.load(env)
     supervisor = launcher.Supervisor(settings)
     try:
-        outcome = launcher.start_engine(LaunchProfile.parse(env), settings, supervisor, None, plan, CARD)
+        outcome = launcher.start_engine(LaunchProfile.parse(env), settings, supervisor, None, plan.first_steps, CARD)
+        assert outcome.engine is not None and outcome.climb is not None
+        _, outcome.capacity_plan = capacity.ready_engine_report(plan, outcome.climb.profile, outcome.engine.tail(), 30)
     finally:
         supervisor.stop()
         engine.kill_leftovers()
@@ -66,3 +68,71 @@ def test_the_first_launch_runs_the_profile_the_plan_predicted_to_fit(tmp_path: P
     assert outcome.profile is not None and outcome.profile["name"] == "max_num_seqs=32"
     assert outcome.capacity_plan["plan"] == "profile"
 
+
+
+# A real public CUDA out-of-memory log from a 24 GiB card (vllm-project/vllm#15105, RTX 3090).
+REAL_OOM = (Path(__file__).parents[1] / "field" / "startup_failures" / "mem_016_v1_vllmworker_oom_tp2_3090.log").read_text()
+
+
+def _start_on_the_plan(
+    tmp_path: Path, launches: list[dict[str, object]], parses: list[int] | None = None
+) -> tuple[launcher.StartupOutcome, list[list[str]]]:
+    """main's part of a start from the parse on: the plan, then start_engine; `parses` gets the count."""
+    facts = capacity.facts_from_config(CONFIG, PARAMS, source="org/big-vocab")
+    base = {"MODEL_NAME": "org/big-vocab", "MAX_NUM_SEQS": "256", "MAX_CONCURRENCY": "30"}
+    env = {**base, "MAX_MODEL_LEN": str(_length_beyond(facts, base))}
+    engine = FakeEngine(tmp_path, launches)
+    env.update(engine.env())
+    settings = settings_mod.load(env)
+    before = PARSES.count
+    profile = LaunchProfile.parse(env)  # as main does: one profile for the plan and the launches
+    plan = capacity.startup_plan(profile, CARD, 30, facts=facts)
+    assert plan.status == "profile" and plan.overrides == {"MAX_NUM_SEQS": "32"}
+    supervisor = launcher.Supervisor(settings)
+    try:
+        outcome = launcher.start_engine(profile, settings, supervisor, None, plan.first_steps, CARD)
+        if outcome.engine is not None and outcome.climb is not None:  # as main does once the engine is ready
+            _, outcome.capacity_plan = capacity.ready_engine_report(plan, outcome.climb.profile, outcome.engine.tail(), 30)
+    finally:
+        supervisor.stop()
+        engine.kill_leftovers()
+    if parses is not None:
+        parses.append(PARSES.count - before)
+    return outcome, engine.argvs()
+
+
+def _seqs_and_eager(argv: list[str]) -> tuple[str, bool]:
+    return argv[argv.index("--max-num-seqs") + 1], "--enforce-eager" in argv
+
+
+def test_a_plan_chosen_first_launch_that_dies_of_oom_keeps_the_plans_batch_and_adds_the_next_step(
+    tmp_path: Path,
+) -> None:
+    outcome, argvs = _start_on_the_plan(tmp_path, [{"output": REAL_OOM, "exit_code": 1}, {"serve": True}])
+    # Never 256 again: the plan already took the fewer-sequences step, so the relaunch is 32 and eager.
+    assert [_seqs_and_eager(argv) for argv in argvs] == [("32", False), ("32", True)]
+    assert outcome.fatal is None and [r["outcome"] for r in outcome.launches] == ["failed", "ready"]
+    assert outcome.profile is not None and outcome.profile["name"] == "eager"
+    assert outcome.profile["tried"] == ["launched with MAX_NUM_SEQS=32", "relaunched with ENFORCE_EAGER=true"]
+
+
+def test_when_the_plans_profile_and_eager_both_die_of_oom_the_answer_names_both(tmp_path: Path) -> None:
+    oom = {"output": REAL_OOM, "exit_code": 1}
+    outcome, argvs = _start_on_the_plan(tmp_path, [oom, oom, oom])
+    # Two launches, not three: both memory steps were taken, so none is left to try.
+    assert [_seqs_and_eager(argv) for argv in argvs] == [("32", False), ("32", True)]
+    assert outcome.fatal is not None and outcome.cause == "memory_shortfall"
+    assert "Already tried: launched with MAX_NUM_SEQS=32; relaunched with ENFORCE_EAGER=true." in outcome.fatal
+
+
+def test_the_profile_is_parsed_once_per_configuration_a_start_plans_or_launches(tmp_path: Path) -> None:
+    counted: list[int] = []
+    outcome, argvs = _start_on_the_plan(tmp_path, [{"output": REAL_OOM, "exit_code": 1}, {"serve": True}], counted)
+    [parses] = counted
+    assert outcome.climb is not None and outcome.fatal is None
+    plan_steps = len(outcome.capacity_plan.get("plan_overrides", {}))  # the plan walked one step: seqs, predicted to fit
+    ladder_profiles = len({step.profile for step in outcome.climb.taken})  # the plan's seqs, then eager
+    print(f"LaunchProfile.parse calls for this start: {parses} (the configuration 1, the plan's candidates "
+          f"{plan_steps}, the ladder's profiles {ladder_profiles}; {len(argvs)} launches)")
+    assert parses == 1 + plan_steps + ladder_profiles
+    assert ladder_profiles == len(argvs) == 2

@@ -22,7 +22,7 @@ import pytest
 from tests.support.hub_stub import HubStub
 from tests.support.model_configs import LLAMA_31_8B, LLAMA_31_8B_PARAMS
 from vllm_worker.config.profile import LaunchProfile
-from vllm_worker.diagnosis import hub_messages
+from vllm_worker.diagnosis.hub import gated_repo_message, repo_not_found_message
 from vllm_worker import capacity
 from vllm_worker.diagnosis import startup_errors
 from vllm_worker.capacity import GiB
@@ -150,11 +150,11 @@ def test_local_folder(tmp_path: Path) -> None:
 def test_gated_and_missing_repos_say_what_to_do(hub: HubStub, tmp_path: Path) -> None:
     gated = run_plan(hub, "org/gated", "--json", home=tmp_path)
     assert gated.returncode == 2
-    expected = hub_messages.gated_repo_message("org/gated", "MODEL")
+    expected = gated_repo_message("org/gated", "MODEL")
     assert json.loads(gated.stdout)["error"] == expected
     missing = run_plan(hub, "org/nothing-here", home=tmp_path)
     assert missing.returncode == 2
-    assert hub_messages.repo_not_found_message("org/nothing-here", "MODEL") in missing.stderr
+    assert repo_not_found_message("org/nothing-here", "MODEL") in missing.stderr
 
 
 def test_hf_token_is_honoured_and_never_printed(hub: HubStub, tmp_path: Path) -> None:

@@ -22,7 +22,7 @@ from tests.support.fake_engine import FakeEngine
 from tests.support.hub_stub import HubStub
 from tests.support.worker_proc import WorkerProcess
 from vllm_worker.config.profile import LaunchProfile
-from vllm_worker.diagnosis import hub_messages
+from vllm_worker.diagnosis.hub import gated_repo_message, repo_not_found_message, revision_not_found_message
 from vllm_worker.model import preflight
 from vllm_worker.diagnosis import startup_errors
 
@@ -81,23 +81,23 @@ CASES: dict[str, tuple[dict[str, str], str, Callable[[], str]]] = {
     "typo'd model id": (
         {"MODEL_NAME": "org/pubilc"},
         "/api/models/org/pubilc",
-        lambda: hub_messages.repo_not_found_message("org/pubilc", "MODEL_NAME"),
+        lambda: repo_not_found_message("org/pubilc", "MODEL_NAME"),
     ),
     "gated repo without a token": (
         {"MODEL_NAME": GATED},
         f"/api/models/{GATED}",
-        lambda: hub_messages.gated_repo_message(GATED, "MODEL_NAME", token_set=False),
+        lambda: gated_repo_message(GATED, "MODEL_NAME", token_set=False),
     ),
     "bad MODEL_REVISION": (
         {"MODEL_NAME": PUBLIC, "MODEL_REVISION": "no-such-rev"},
         f"/api/models/{PUBLIC}/revision/no-such-rev",
-        lambda: hub_messages.revision_not_found_message(PUBLIC, "no-such-rev", "MODEL_REVISION"),
+        lambda: revision_not_found_message(PUBLIC, "no-such-rev", "MODEL_REVISION"),
     ),
     # vLLM's own spelling of the same knob: checked the same way, and the sentence names it.
     "bad REVISION": (
         {"MODEL_NAME": PUBLIC, "REVISION": "no-such-rev"},
         f"/api/models/{PUBLIC}/revision/no-such-rev",
-        lambda: hub_messages.revision_not_found_message(PUBLIC, "no-such-rev", "REVISION"),
+        lambda: revision_not_found_message(PUBLIC, "no-such-rev", "REVISION"),
     ),
 }
 

@@ -19,7 +19,7 @@ diagnosis); these tests cover the rest of the ladder:
 - an explicit MAX_MODEL_LEN is never lowered.
 
 Expected sentences are computed with the pure functions the worker uses
-(`startup_errors.diagnose` over the same text, `ladder.next_launch` for what was
+(`startup_errors.diagnose` over the same text, the real `ladder.Ladder` for what was
 tried), so these tests pin the wiring, not the wording.
 """
 
@@ -37,6 +37,7 @@ from tests.support.fake_engine import FakeEngine
 from tests.support.worker_proc import WorkerProcess
 from vllm_worker.diagnosis import verdict
 from vllm_worker.diagnosis.verdict import Failure, Tried
+from vllm_worker.config.profile import LaunchProfile
 from vllm_worker.engine import ladder
 from vllm_worker.diagnosis import startup_errors
 from vllm_worker.config.settings import multiple_of_8_at_least
@@ -91,25 +92,20 @@ def expected_answer(
     Replays what the worker does, with the same pure functions: diagnose each failure
     with what was tried so far, ask the ladder for the next launch, apply its overrides.
     """
-    attempts: list[ladder.Attempt] = []
+    climb = ladder.Ladder(LaunchProfile.parse(base_env), max_concurrency)
+    profile = climb.start_on(None)
     relaunches: list[ladder.Relaunch] = []
     tried: list[Tried] = []
-    env = dict(base_env)
     for text in texts:
+        env = dict(profile.env)
         diagnosis = startup_errors.diagnose(Failure.of(text, env.get("MODEL_NAME"), revision=env.get("MODEL_REVISION"), exit_code=1, env=env, tried=tried))
         assert diagnosis is not None, "the scripted text must be one the worker recognises"
-        attempts.append(ladder.Attempt(env=dict(env), diagnosis=diagnosis))
-        step = ladder.next_launch(base_env, attempts, max_concurrency)
+        step = climb.after_failure(profile, diagnosis)
         if isinstance(step, ladder.Stop):
             return diagnosis.message, relaunches
         relaunches.append(step)
         tried.append(step.tried)
-        env = dict(base_env)
-        for name, value in step.overrides.items():
-            if value is None:
-                env.pop(name, None)
-            else:
-                env[name] = value
+        profile = climb.profile
     raise AssertionError(f"the ladder would launch again after {len(texts)} failures")
 
 

@@ -14,6 +14,9 @@ import pytest
 from vllm_worker.config import args_builder
 
 from vllm_worker.config import flag_messages
+from vllm_worker.config import command, secrets
+from vllm_worker.config.secrets import mask
+from vllm_worker.config.profile import LaunchProfile
 from vllm_worker.config.args_builder import (
     ALIASES,
     FLAGS,
@@ -25,11 +28,9 @@ from vllm_worker.config.args_builder import (
     WORKER_VARIABLES,
     ZERO_MEANS_UNSET,
     ArgsError,
-    build_args,
     flag_for,
     is_true,
     lookalike_warnings,
-    mask,
     option_for,
     parse_bool,
 )
@@ -41,7 +42,7 @@ TOKEN = "hf_AbCdEfGhIjKlMnOpQrStUvWxYz0123456789"
 
 
 def build(settings: Settings = SETTINGS, **env: str):
-    return build_args({"MODEL_NAME": "org/model", **env}, settings)
+    return _build({"MODEL_NAME": "org/model", **env}, settings)
 
 
 def flags_after_port(argv: list[str]) -> list[str]:
@@ -114,7 +115,7 @@ def test_argv_uses_settings_command_and_port():
 
 def test_missing_model_name_is_an_error_naming_it():
     with pytest.raises(ArgsError) as info:
-        build_args({}, SETTINGS)
+        _build({}, SETTINGS)
     assert info.value.variable == "MODEL_NAME"
     assert str(info.value).startswith("MODEL_NAME is not set")
     assert isinstance(info.value, ValueError)
@@ -122,7 +123,7 @@ def test_missing_model_name_is_an_error_naming_it():
 
 def test_blank_model_name_is_missing():
     with pytest.raises(ArgsError, match="MODEL_NAME"):
-        build_args({"MODEL_NAME": "   "}, SETTINGS)
+        _build({"MODEL_NAME": "   "}, SETTINGS)
 
 
 # --- kinds -------------------------------------------------------------------
@@ -208,8 +209,8 @@ def test_removed_boolean_is_not_validated():
 def test_flags_follow_table_order_whatever_the_env_order():
     env_a = {"MODEL_NAME": "m", "TOOL_CALL_PARSER": "hermes", "MAX_MODEL_LEN": "1024", "ENFORCE_EAGER": "1"}
     env_b = dict(reversed(list(env_a.items())))
-    argv_a = build_args(env_a, SETTINGS).argv
-    assert argv_a == build_args(env_b, SETTINGS).argv
+    argv_a = _build(env_a, SETTINGS).argv
+    assert argv_a == _build(env_b, SETTINGS).argv
     order = list(FLAGS)
     names = sorted(("TOOL_CALL_PARSER", "MAX_MODEL_LEN", "ENFORCE_EAGER"), key=order.index)
     positions = [argv_a.index(flag_for(name)) for name in names]
@@ -296,7 +297,7 @@ def test_baked_model_keeps_tokenizer_revision_of_a_separate_tokenizer():
 
 
 def test_baked_model_without_model_name():
-    built = build_args({"BAKED_MODEL_PATH": "/models/model"}, SETTINGS)
+    built = _build({"BAKED_MODEL_PATH": "/models/model"}, SETTINGS)
     assert built.argv[2] == "/models/model"
     assert built.served_model_name == "/models/model"
     assert "--served-model-name" not in built.argv
@@ -376,7 +377,7 @@ def test_zero_is_a_value_for_other_flags():
 
 def test_hf_token_only_in_the_engine_env():
     env = {"MODEL_NAME": "org/model", "HF_TOKEN": TOKEN, "ENFORCE_EAGER": "true"}
-    built = build_args(env, SETTINGS)
+    built = _build(env, SETTINGS)
     assert not any(TOKEN in a for a in built.argv)
     assert "--hf-token" not in built.argv
     assert built.engine_env["HF_TOKEN"] == TOKEN
@@ -419,11 +420,11 @@ def test_mask_keeps_ordinary_values_that_merely_mention_tokens():
 
 def test_extra_args_secret_is_masked_in_the_log_line_and_in_errors():
     env = {"MODEL_NAME": "m", "HF_TOKEN": TOKEN, "VLLM_EXTRA_ARGS": f"--hf-token {TOKEN} --api-key sk-abc"}
-    built = build_args(env, SETTINGS)
+    built = _build(env, SETTINGS)
     assert TOKEN not in built.masked() and "sk-abc" not in built.masked()
     env["VLLM_EXTRA_ARGS"] = f"--api-key sk-abcdef --x 'unclosed {TOKEN}"
     with pytest.raises(ArgsError) as info:
-        build_args(env, SETTINGS)
+        _build(env, SETTINGS)
     assert TOKEN not in str(info.value) and "sk-abcdef" not in str(info.value)
     assert TOKEN not in info.value.value
 
@@ -456,7 +457,7 @@ def test_the_platforms_variables_stay_out_of_the_engine_env():
         "RUNPOD_WEBHOOK_POST_OUTPUT": "https://api.runpod.ai/v2/ep/job-done/$RUNPOD_POD_ID/$ID",
         "RUNPOD_POD_ID": "pod-1",
     }
-    built = build_args(env, SETTINGS)
+    built = _build(env, SETTINGS)
     assert built.engine_env == {"MODEL_NAME": "org/model", "HF_TOKEN": TOKEN}
 
 
@@ -478,7 +479,7 @@ def test_the_workers_own_variables_stay_out_of_the_engine_env_and_the_caches_go_
         "VLLM_CACHE_ROOT": "/vol/engine-cache/vllm",
         "TORCHINDUCTOR_CACHE_DIR": "/vol/engine-cache/torchinductor",
     }
-    built = build_args(env, SETTINGS, caches)
+    built = _build(env, SETTINGS, caches)
     assert built.engine_env == {
         "MODEL_NAME": "org/model",
         "HF_TOKEN": TOKEN,
@@ -561,7 +562,7 @@ def test_names_kept_off_the_command_line_are_real_options():
 
 def test_every_secret_looking_option_is_kept_off_the_command_line():
     valued = [name for name, option in OPTIONS.items() if option["kind"] not in ("pair", "store_true")]
-    secret = [name for name in valued if args_builder._is_secret_name(name)]
+    secret = [name for name in valued if secrets.is_secret_name(name)]
     assert secret and set(secret) <= set(NOT_FROM_ENV)
 
 
@@ -638,7 +639,7 @@ def test_bad_values_are_answered_naming_variable_value_and_what_is_accepted(name
 @pytest.mark.parametrize(
     ("name", "value"),
     [
-        ("MAX_NUM_SEQS", "64"), ("GPU_MEMORY_UTILIZATION", "1"), ("GPU_MEMORY_UTILIZATION", "0.95"), ("DTYPE", "half"),
+        ("MAX_NUM_SEQS", "64"), ("GPU_MEMORY_UTILIZATION", "0.99"), ("GPU_MEMORY_UTILIZATION", "0.95"), ("DTYPE", "half"),
         ("KV_CACHE_DTYPE", "fp8"), ("TENSOR_PARALLEL_SIZE", "2"), ("MAX_MODEL_LEN", "auto"), ("MAX_MODEL_LEN", "32K"),
         ("MAX_MODEL_LEN", "-1"), ("MAX_NUM_BATCHED_TOKENS", "8k"), ("MAX_NUM_BATCHED_TOKENS", "1.5k"),
         ("QUANTIZATION", "None"), ("MOE_BACKEND", "Deep-Gemm"), ("MAX_LORA_RANK", "16"), ("SEED", "-1"),
@@ -848,3 +849,8 @@ def test_option_for_what_vllm_names(said, name):
 
 def test_option_for_something_that_is_no_option():
     assert option_for("--no-such-flag") is None and option_for("model_config") is None
+
+
+def _build(env, settings, caches=None):  # type: ignore[no-untyped-def]
+    """The argv the worker renders for `env`: parsed into its launch profile, then rendered."""
+    return command.build_args(LaunchProfile.parse(env), settings, caches)

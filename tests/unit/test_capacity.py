@@ -24,7 +24,7 @@ from tests.support.model_configs import (
 from vllm_worker.config.profile import LaunchProfile
 from vllm_worker import capacity as cap
 from vllm_worker.config.env import parse_human_int
-from vllm_worker.capacity import at_boot, budget_versions, kv_cache, memory_budget, model_facts, plan_report, plan_settings
+from vllm_worker.capacity import first_launch, budget_versions, kv_cache, memory_budget, model_facts, plan_report, plan_settings
 from vllm_worker.capacity import GiB, MiB
 from vllm_worker.capacity.gpus import UnknownCard, cards_with_at_least, find_card
 
@@ -535,7 +535,7 @@ def test_utilization_beyond_the_free_memory_is_a_problem() -> None:
     p = cap.plan(f, RTX_4090, knobs({"GPU_MEMORY_UTILIZATION": "0.999", "MAX_MODEL_LEN": "4096"}))
     assert p.verdict == "does_not_fit" and "once CUDA is initialised" in p.problems[0]
     assert str(p.changes[0]) == "set GPU_MEMORY_UTILIZATION=0.95 (leaves room for the CUDA context; now 0.999)"
-    d = at_boot.fit_profile(f, RTX_4090, LaunchProfile.parse({"MODEL_NAME": "m", "GPU_MEMORY_UTILIZATION": "0.999", "MAX_MODEL_LEN": "4096"}), 30)
+    d = first_launch.fit_profile(f, RTX_4090, LaunchProfile.parse({"MODEL_NAME": "m", "GPU_MEMORY_UTILIZATION": "0.999", "MAX_MODEL_LEN": "4096"}), 30)
     assert d.status == "cannot_fit" and "set GPU_MEMORY_UTILIZATION=0.95" in (d.fatal_message or "")
     # Within the estimate's error, vLLM may well start: no verdict from the plan.
     assert cap.plan(f, RTX_4090, knobs({"GPU_MEMORY_UTILIZATION": "0.985", "MAX_MODEL_LEN": "4096"})).problems == ()
@@ -560,13 +560,13 @@ def test_auto_max_model_len_fits_the_memory() -> None:
 
 def test_fits_as_configured() -> None:
     f = facts(LLAMA_31_8B, LLAMA_31_8B_PARAMS)
-    d = at_boot.fit_profile(f, RTX_4090, LaunchProfile.parse({"MODEL_NAME": "m", "MAX_MODEL_LEN": "8192"}), 30)
+    d = first_launch.fit_profile(f, RTX_4090, LaunchProfile.parse({"MODEL_NAME": "m", "MAX_MODEL_LEN": "8192"}), 30)
     assert (d.status, d.overrides, d.fatal_message, d.relaunch) == ("as_configured", {}, None, None)
 
 
 def test_unset_context_that_does_not_fit_launches_with_auto() -> None:
     f = facts(LLAMA_31_8B, LLAMA_31_8B_PARAMS)
-    d = at_boot.fit_profile(f, RTX_4090, LaunchProfile.parse({"MODEL_NAME": "m"}), 30)
+    d = first_launch.fit_profile(f, RTX_4090, LaunchProfile.parse({"MODEL_NAME": "m"}), 30)
     assert d.status == "profile" and d.relaunch.profile == "context_auto"
     assert d.overrides == {"MAX_MODEL_LEN": "auto"}
     assert "MAX_MODEL_LEN is not set" in d.warnings[0]
@@ -575,7 +575,7 @@ def test_unset_context_that_does_not_fit_launches_with_auto() -> None:
 
 def test_explicit_context_is_never_lowered() -> None:
     f = facts(LLAMA_31_8B, LLAMA_31_8B_PARAMS)
-    d = at_boot.fit_profile(f, RTX_4090, LaunchProfile.parse({"MODEL_NAME": "m", "MAX_MODEL_LEN": "131072"}), 30)
+    d = first_launch.fit_profile(f, RTX_4090, LaunchProfile.parse({"MODEL_NAME": "m", "MAX_MODEL_LEN": "131072"}), 30)
     assert d.status == "cannot_fit" and d.overrides == {}
     message = d.fatal_message or ""
     assert message.startswith("MODEL_NAME='org/model' does not fit on this 23.5 GiB GPU at MAX_MODEL_LEN=131072")
@@ -585,7 +585,7 @@ def test_explicit_context_is_never_lowered() -> None:
 
 def test_weights_alone_exceed_the_card() -> None:
     f = facts(LLAMA_31_70B, LLAMA_31_70B_PARAMS)
-    d = at_boot.fit_profile(f, RTX_4090, LaunchProfile.parse({"MODEL_NAME": "m"}), 30)
+    d = first_launch.fit_profile(f, RTX_4090, LaunchProfile.parse({"MODEL_NAME": "m"}), 30)
     assert d.status == "cannot_fit"
     message = d.fatal_message or ""
     assert "its weights alone take 131.4 GiB per GPU of the 21.6 GiB vLLM may use" in message
@@ -609,7 +609,7 @@ def test_explicit_max_num_seqs_is_lowered_loudly() -> None:
     f = _big_vocab_model()
     length = _context_beyond(f, RTX_4090, {"MAX_NUM_SEQS": "256"})
     env = {"MODEL_NAME": "m", "MAX_NUM_SEQS": "256", "MAX_MODEL_LEN": str(length)}
-    d = at_boot.fit_profile(f, RTX_4090, LaunchProfile.parse(env), 30)
+    d = first_launch.fit_profile(f, RTX_4090, LaunchProfile.parse(env), 30)
     assert d.configured is not None and d.configured.verdict == "does_not_fit"
     assert d.status == "profile" and d.relaunch.profile == "max_num_seqs=32"
     assert d.overrides == {"MAX_NUM_SEQS": "32"}
@@ -622,7 +622,7 @@ def test_explicit_eager_false_is_overridden_with_the_ladder_warning() -> None:
     loose = {"ENFORCE_EAGER": "false", "MAX_NUM_BATCHED_TOKENS": "8192", "VLLM_EXTRA_ARGS": "--max-num-seqs 256"}
     length = _context_beyond(f, H100, loose)
     env = {"MODEL_NAME": "m", "MAX_MODEL_LEN": str(length), **loose}
-    d = at_boot.fit_profile(f, H100, LaunchProfile.parse(env), 30)
+    d = first_launch.fit_profile(f, H100, LaunchProfile.parse(env), 30)
     assert d.configured is not None and d.configured.verdict == "does_not_fit"
     assert d.status == "profile" and d.relaunch.profile == "eager"
     assert d.overrides == {"ENFORCE_EAGER": "true"}

@@ -128,7 +128,7 @@ def judge(case: Case) -> tuple[bool, str]:
     diagnosis = explain(Failure.of(text, exit_code=1))
     if not diagnosis.message:
         return False, "no message"
-    oom = memory_shortfall(text)
+    oom = memory_shortfall(Failure.of(text))
     if case.label in MEMORY:
         return oom, f"not a memory shortfall: {diagnosis.kind}"
     if oom or "out of memory" in diagnosis.message.lower() and diagnosis.kind != "unknown":
@@ -224,7 +224,7 @@ def test_negatives_are_never_called_out_of_memory_and_those_with_a_kind_are_name
         text = (CORPUS / case.file).read_bytes().decode("utf-8", errors="replace")
         diagnosis = explain(Failure.of(text, exit_code=1))
         cases[case.label] += 1
-        not_oom[case.label] += int(not memory_shortfall(text) and diagnosis.kind != "memory_shortfall")
+        not_oom[case.label] += int(not memory_shortfall(Failure.of(text)) and diagnosis.kind != "memory_shortfall")
         is_named = diagnosis.kind == NAMED_AS.get(case.label, "") or (
             case.label == "other" and diagnosis.kind != "unknown"
         )

@@ -20,10 +20,9 @@ from typing import Any
 
 import pytest
 
-from vllm_worker.config.profile import LaunchProfile
+from vllm_worker.config.profile import DEFAULT_GPU_MEMORY_UTILIZATION, LaunchProfile
 from vllm_worker.engine import gpu_memory as gm
 from vllm_worker.engine.gpu_memory import (
-    DEFAULT_GPU_MEMORY_UTILIZATION,
     GiB,
     MiB,
     DeviceMemory,

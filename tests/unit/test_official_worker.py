@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from vllm_worker.config import args_builder, official_worker, settings
+from vllm_worker.config import args_builder, command, official_worker, settings
+from vllm_worker.config.profile import LaunchProfile
 from vllm_worker.config.official_worker import OFFICIAL
 
 NAMES_FILE = Path(__file__).resolve().parents[1] / "field" / "official_worker" / "names.json"
@@ -94,9 +95,9 @@ NOT_DEFAULT: dict[str, str] = {
 }
 
 
-def build(env: dict[str, str]) -> tuple[args_builder.BuiltArgs, settings.Settings]:
+def build(env: dict[str, str]) -> tuple[command.BuiltArgs, settings.Settings]:
     loaded = settings.load(env)
-    return args_builder.build_args(env, loaded), loaded
+    return command.build_args(LaunchProfile.parse(env), loaded), loaded
 
 
 def has_flag(argv: list[str], flag: str, value: str | None) -> bool:

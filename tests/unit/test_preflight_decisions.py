@@ -16,7 +16,7 @@ from huggingface_hub.errors import HFValidationError, OfflineModeIsEnabled
 from huggingface_hub.utils import hf_raise_for_status
 
 from vllm_worker.config.profile import LaunchProfile
-from vllm_worker.diagnosis import hub_messages
+from vllm_worker.diagnosis.hub import gated_repo_message, repo_not_found_message, revision_not_found_message, unauthorized_message
 from vllm_worker.diagnosis.verdict import Failure
 from vllm_worker.diagnosis import startup_errors
 from vllm_worker.model.preflight import (
@@ -225,14 +225,14 @@ def test_transport_and_other_errors(exc: BaseException, expected: tuple[str, boo
 
 def test_messages_are_the_shared_sentences_naming_the_variable() -> None:
     tok = Target("org/tok", "t1", "TOKENIZER_NAME", "TOKENIZER_REVISION")
-    assert failure_message(REPO_NOT_FOUND, tok, False) == hub_messages.repo_not_found_message("org/tok", "TOKENIZER_NAME")
-    assert failure_message(GATED_REPO, tok, True) == hub_messages.gated_repo_message(
+    assert failure_message(REPO_NOT_FOUND, tok, False) == repo_not_found_message("org/tok", "TOKENIZER_NAME")
+    assert failure_message(GATED_REPO, tok, True) == gated_repo_message(
         "org/tok", "TOKENIZER_NAME", token_set=True
     )
-    assert failure_message(REVISION_NOT_FOUND, tok, False) == hub_messages.revision_not_found_message(
+    assert failure_message(REVISION_NOT_FOUND, tok, False) == revision_not_found_message(
         "org/tok", "t1", "TOKENIZER_REVISION"
     )
-    assert failure_message(UNAUTHORIZED, Target("org/m", None), True) == hub_messages.unauthorized_message(
+    assert failure_message(UNAUTHORIZED, Target("org/m", None), True) == unauthorized_message(
         "org/m", "MODEL_NAME", token_set=True
     )
 

@@ -1,8 +1,7 @@
 """The relaunch ladder: every rule, on diagnoses of real-shaped engine output.
 
-`launch_until_stop` drives `next_launch` the way the worker's start-up loop does:
-apply the overrides to the user's environment, launch, diagnose the failure, ask
-again. The launches' failures are scripted; the ladder itself is the real one.
+`launch_until_stop` drives the real `Ladder` the way the worker's start-up loop does:
+launch its profile, diagnose the failure, ask it again. The launches' failures are scripted; the ladder itself is the real one.
 """
 
 from __future__ import annotations
@@ -15,7 +14,9 @@ import pytest
 
 from tests.support import vllm_texts as t
 from vllm_worker.diagnosis.verdict import Failure, Tried
-from vllm_worker.engine.ladder import MAX_LAUNCHES, Attempt, Relaunch, Stop, next_launch
+from vllm_worker.config.profile import LaunchProfile
+from vllm_worker.diagnosis.verdict import Diagnosis
+from vllm_worker.engine.ladder import MAX_LAUNCHES, Attempt, Ladder, Relaunch, Stop, next_launch
 from vllm_worker.diagnosis.startup_errors import classify, diagnose
 
 MODEL = "acme/m"
@@ -32,26 +33,21 @@ class Run:
 
 
 def launch_until_stop(base_env: Mapping[str, str], failures: Sequence[str], max_concurrency: int = 30) -> Run:
-    """Launch with `base_env`; launch i fails with failures[i]; follow the ladder until it stops."""
+    """Launch with `base_env`; launch i fails with failures[i]; follow the real `Ladder` until it stops."""
     run = Run()
-    env = dict(base_env)
-    attempts: list[Attempt] = []
+    climb = Ladder(LaunchProfile.parse(base_env), max_concurrency)
+    profile = climb.start_on(None)
     for output in failures:
-        run.envs.append(dict(env))
+        env = dict(profile.env)
+        run.envs.append(env)
         diagnosis = diagnose(Failure.of(output, env.get("MODEL_NAME"), env=env, tried=run.tried))
-        attempts.append(Attempt(env=dict(env), diagnosis=diagnosis))
-        step = next_launch(base_env, attempts, max_concurrency)
+        step = climb.after_failure(profile, diagnosis)
         if isinstance(step, Stop):
             run.stop = step
             return run
         run.relaunches.append(step)
         run.tried.append(step.tried)
-        env = dict(base_env)
-        for name, value in step.overrides.items():
-            if value is None:
-                env.pop(name, None)
-            else:
-                env[name] = value
+        profile = climb.profile
     return run
 
 
@@ -400,22 +396,27 @@ def test_a_missing_model_is_never_relaunched(case: str, model: str) -> None:
 # --- an out-of-memory death while serving walks the same ladder (issue 12) -------------------
 
 
-def test_after_an_oom_death_the_ladder_goes_seqs_then_eager_then_nothing_left() -> None:
-    from vllm_worker.engine import ladder as recovery
-    from vllm_worker.config.profile import apply_overrides
+def _oom_death() -> Diagnosis:
+    return Diagnosis(kind="runtime_oom", message="out of memory while serving", evidence="test")
 
+
+def test_after_an_oom_death_the_ladder_goes_seqs_then_eager_then_nothing_left() -> None:
     base = {**BASE, "MAX_NUM_SEQS": "64"}
-    first = recovery.next_after_death(base, base, 30)
+    climb = Ladder(LaunchProfile.parse(base), 30)
+    first = climb.after_death(_oom_death())
     assert first is not None and (first.profile, first.overrides) == ("max_num_seqs=32", {"MAX_NUM_SEQS": "32"})
-    second = recovery.next_after_death(base, apply_overrides(base, first.overrides), 30)
+    second = climb.after_death(_oom_death())
     assert second is not None and second.profile == "eager"
     assert second.overrides == {"MAX_NUM_SEQS": "32", "ENFORCE_EAGER": "true"}
-    assert recovery.next_after_death(base, apply_overrides(base, second.overrides), 30) is None
+    assert climb.after_death(_oom_death()) is None
+    assert climb.profile.enforce_eager is True and climb.profile.max_num_seqs == 32
 
 
 def test_after_an_oom_death_a_step_startup_took_is_not_taken_again() -> None:
     # Started on the eager profile already (the startup ladder or the capacity plan chose it).
-    from vllm_worker.engine import ladder as recovery
-
-    serving = {**BASE, "MAX_NUM_SEQS": "32", "ENFORCE_EAGER": "true"}
-    assert recovery.next_after_death(BASE, serving, 30) is None
+    climb = Ladder(LaunchProfile.parse(BASE), 30)
+    climb.start_on([
+        Relaunch({"MAX_NUM_SEQS": "32"}, "max_num_seqs=32", "plan", Tried({"MAX_NUM_SEQS": "32"}), step="seqs"),
+        Relaunch({"MAX_NUM_SEQS": "32", "ENFORCE_EAGER": "true"}, "eager", "plan", Tried({"ENFORCE_EAGER": "true"}), step="eager"),
+    ])
+    assert climb.after_death(_oom_death()) is None

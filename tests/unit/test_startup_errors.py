@@ -15,7 +15,7 @@ import pytest
 
 from tests.support import vllm_texts as t
 from vllm_worker.diagnosis import runtime
-from vllm_worker.diagnosis import hub_messages
+from vllm_worker.diagnosis.hub import invalid_model_name_message, model_path_missing_message, offline_not_cached_message, repo_not_found_message, unauthorized_message
 from vllm_worker.diagnosis import verdict
 from vllm_worker.diagnosis.verdict import Failure, Tried
 from vllm_worker.diagnosis import startup_errors
@@ -78,8 +78,8 @@ def test_memory_shortfall_wordings(name: str, detail: str) -> None:
     diagnosis = diagnose(Failure.of(text, MODEL))
     assert diagnosis is not None
     assert (diagnosis.kind, diagnosis.detail) == ("memory_shortfall", detail)
-    assert memory_shortfall(text)
-    assert not memory_held(text)
+    assert memory_shortfall(Failure.of(text))
+    assert not memory_held(Failure.of(text))
 
 
 @pytest.mark.parametrize("name,kind", sorted(OTHER_CAUSES.items()))
@@ -88,7 +88,7 @@ def test_other_causes(name: str, kind: str) -> None:
     diagnosis = diagnose(Failure.of(text, MODEL, exit_code=2 if name.startswith("ARGPARSE") else 1))
     assert diagnosis is not None
     assert diagnosis.kind == kind
-    assert not memory_shortfall(text)
+    assert not memory_shortfall(Failure.of(text))
     assert diagnosis.message == classify(Failure.of(text, MODEL, exit_code=2 if name.startswith("ARGPARSE") else 1))
 
 
@@ -106,8 +106,8 @@ def test_success_noise_and_unknown_are_not_classified(name: str) -> None:
     text = getattr(t, name)
     assert diagnose(Failure.of(text, MODEL)) is None
     assert classify(Failure.of(text, MODEL)) is None
-    assert not memory_shortfall(text)
-    assert not memory_held(text)
+    assert not memory_shortfall(Failure.of(text))
+    assert not memory_held(Failure.of(text))
 
 
 @pytest.mark.parametrize("name,kind", sorted(TRANSIENT.items()))
@@ -116,7 +116,7 @@ def test_faults_that_may_pass_are_named_and_never_memory(name: str, kind: str) -
     diagnosis = diagnose(Failure.of(text, MODEL, exit_code=1))
     assert diagnosis is not None and diagnosis.kind == kind
     assert kind in verdict.TRANSIENT_KINDS
-    assert not memory_shortfall(text) and "out of memory" not in diagnosis.message
+    assert not memory_shortfall(Failure.of(text)) and "out of memory" not in diagnosis.message
 
 
 def test_empty_output_is_not_classified() -> None:
@@ -312,7 +312,7 @@ def test_memory_held_is_not_a_sizing_problem(name: str) -> None:
     text = getattr(t, name)
     diagnosis = diagnose(Failure.of(text, MODEL, env={"GPU_MEMORY_UTILIZATION": "0.92"}))
     assert diagnosis is not None and diagnosis.kind == "memory_held"
-    assert memory_held(text) and not memory_shortfall(text)
+    assert memory_held(Failure.of(text)) and not memory_shortfall(Failure.of(text))
     assert "GPU_MEMORY_UTILIZATION" not in diagnosis.message
     assert "not a problem with the model or its settings" in diagnosis.message
 
@@ -444,13 +444,13 @@ def test_unauthorized_reads_like_the_preflight() -> None:
 
 def test_the_log_names_the_repo_else_the_caller_does() -> None:
     only_status = "Invalid credentials in Authorization header"
-    assert classify(Failure.of(only_status, "acme/passed")) == hub_messages.unauthorized_message("acme/passed")
+    assert classify(Failure.of(only_status, "acme/passed")) == unauthorized_message("acme/passed")
 
 
 def test_a_failing_tokenizer_repo_is_named_by_its_own_variable() -> None:
     env = {"MODEL_NAME": "acme/m", "TOKENIZER_NAME": "acme/missing-model"}
     message = classify(Failure.of(t.REPO_NOT_FOUND, "acme/m", env=env))
-    assert message == hub_messages.repo_not_found_message("acme/missing-model", "TOKENIZER_NAME")
+    assert message == repo_not_found_message("acme/missing-model", "TOKENIZER_NAME")
 
 
 def test_the_repository_is_read_from_every_hub_wording() -> None:
@@ -636,7 +636,7 @@ def test_a_real_missing_local_path_is_explained() -> None:
     diagnosis = diagnose(Failure.of(real("missing_local_path"), env=env, exit_code=1))
     assert diagnosis is not None and diagnosis.kind == "model_path_missing"
     assert (diagnosis.variable, diagnosis.value) == ("MODEL_NAME", "/nonexistent/path")
-    assert diagnosis.message == hub_messages.model_path_missing_message("/nonexistent/path")
+    assert diagnosis.message == model_path_missing_message("/nonexistent/path")
     assert "MODEL_NAME='/nonexistent/path' does not exist in this container" in diagnosis.message
     assert "network volume" in diagnosis.message and "repository id" in diagnosis.message
     # The path comes from vLLM's words when the caller does not know it.
@@ -659,13 +659,13 @@ def _hf_validation_text(reference: str) -> str:
 def test_every_validator_wording_for_a_path_is_a_missing_path(path: str) -> None:
     diagnosis = diagnose(Failure.of(_hf_validation_text(path), env={"MODEL_NAME": path}))
     assert diagnosis is not None and diagnosis.kind == "model_path_missing"
-    assert diagnosis.message == hub_messages.model_path_missing_message(path)
+    assert diagnosis.message == model_path_missing_message(path)
 
 
 def test_a_malformed_repo_id_is_not_called_a_path() -> None:
     diagnosis = diagnose(Failure.of(_hf_validation_text("acme/My Model"), env={"MODEL_NAME": "acme/My Model"}))
     assert diagnosis is not None and diagnosis.kind == "model_path_missing"
-    assert diagnosis.message == hub_messages.invalid_model_name_message("acme/My Model")
+    assert diagnosis.message == invalid_model_name_message("acme/My Model")
 
 
 def test_a_missing_tokenizer_path_names_its_own_variable() -> None:
@@ -680,7 +680,7 @@ def test_a_real_uncached_repo_with_the_hub_offline_is_explained() -> None:
     diagnosis = diagnose(Failure.of(real("offline_uncached_repo"), env=env, exit_code=1))
     assert diagnosis is not None and diagnosis.kind == "offline_not_cached"
     assert diagnosis.repo == "acme/does-not-exist-xyz"
-    assert diagnosis.message == hub_messages.offline_not_cached_message("acme/does-not-exist-xyz")
+    assert diagnosis.message == offline_not_cached_message("acme/does-not-exist-xyz")
     assert "MODEL_NAME='acme/does-not-exist-xyz'" in diagnosis.message
     assert "unset HF_HUB_OFFLINE" in diagnosis.message and "bake the model" in diagnosis.message
     # huggingface_hub does not name the repository: vLLM's argument line does.

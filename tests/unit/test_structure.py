@@ -113,7 +113,7 @@ FOLDER_RULE: dict[str, set[str]] = {
     "diagnosis": {"config"},
     "model": {"config", "diagnosis"},
     "capacity": {"config", "diagnosis", "model", "engine.ladder"},
-    "engine": {"config", "diagnosis", "model", "capacity", "serving.state"},
+    "engine": {"config", "diagnosis", "model", "serving.state"},
     "serving": {"config", "diagnosis"},
 }
 
@@ -134,6 +134,17 @@ def test_each_folder_imports_only_what_comes_before_it_in_a_start() -> None:
                 continue
             broken.append(f"{module} -> {target}")
     assert not broken, "imports across the folder rule: " + "; ".join(broken)
+
+
+def test_no_two_folders_import_each_other() -> None:
+    """Folders form a ladder, not a ring: engine and capacity imported each other once (issue 23)."""
+    between: dict[str, set[str]] = {}
+    for module, targets in graph().items():
+        for target in targets:
+            if _folder(module) != _folder(target):
+                between.setdefault(_folder(module), set()).add(_folder(target))
+    pairs = sorted({tuple(sorted((a, b))) for a, out in between.items() for b in out if a in between.get(b, set())})
+    assert not pairs, f"folders that import each other: {pairs}"
 
 
 def _launch_knobs() -> set[str]:
@@ -166,6 +177,30 @@ def env_reads(source: str, knobs: set[str]) -> list[str]:
                 key = node.left
         if isinstance(key, ast.Constant) and key.value in knobs:
             found.append(f"{node.lineno} reads {key.value}")
+    return found + profile_string_reads(source, knobs)
+
+
+_PARSERS = ("int", "float", "bool_word", "parse_human_int", "human_int", "shell_words", "split", "lower")
+
+
+def profile_string_reads(source: str, knobs: set[str]) -> list[str]:
+    """Where `source` reads a knob through a LaunchProfile's strings instead of its typed fields:
+    `profile.values[...]`/`.values.get(...)`, `profile.value("X")`/`.raw("X")` (gone from the profile),
+    or what the user wrote (`written("X")`, for a message to quote) parsed to decide on it."""
+    found: list[str] = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Attribute) and node.attr in ("values", "flags") and "profile" in ast.unparse(node.value):
+            found.append(f"{node.lineno} reads the profile's strings ({ast.unparse(node)})")
+        elif (
+            isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in ("value", "raw")
+            and node.args and isinstance(node.args[0], ast.Constant) and node.args[0].value in knobs
+        ):
+            found.append(f"{node.lineno} reads {node.args[0].value}")
+        elif isinstance(node, ast.Call):
+            name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+            parsed = [*node.args, node.func.value] if isinstance(node.func, ast.Attribute) else list(node.args)
+            if name in _PARSERS and any(".written(" in ast.unparse(arg) for arg in parsed):
+                found.append(f"{node.lineno} parses what the user wrote ({ast.unparse(node)})")
     return found
 
 
@@ -174,12 +209,18 @@ def test_the_env_read_check_sees_each_way_of_reading() -> None:
     for line in ('os.environ.get("MAX_NUM_SEQS")', 'env["MAX_NUM_SEQS"]', '"MAX_NUM_SEQS" in launch_env',
                  'env_value(ctx.env, "MAX_NUM_SEQS")'):
         assert env_reads(line, knobs) == ["1 reads MAX_NUM_SEQS"], line
-    for line in ('profile.value("MAX_NUM_SEQS")', 'overrides["MAX_NUM_SEQS"] = "8"', '"MAX_NUM_SEQS" in step.changes'):
+    for line in ('profile.value("MAX_NUM_SEQS")', 'ctx.profile.raw("MAX_NUM_SEQS")',
+                 'int(profile.written("MAX_NUM_SEQS") or 0)', 'profile.written("MAX_NUM_SEQS").lower()',
+                 'launch.profile.values.get("MAX_NUM_SEQS")'):
+        assert len(env_reads(line, knobs)) == 1, line
+    for line in ('profile.max_num_seqs', 'overrides["MAX_NUM_SEQS"] = "8"', '"MAX_NUM_SEQS" in step.changes',
+                 'f"MAX_NUM_SEQS={profile.written(\'MAX_NUM_SEQS\')}"'):
         assert env_reads(line, knobs) == [], line
 
 
 def test_only_config_reads_a_launch_knob_from_an_environment() -> None:
-    """Outside `config/`, a knob is read from a LaunchProfile or Settings, never from an env mapping."""
+    """Outside `config/`, a knob is read from a LaunchProfile's typed fields or Settings, never from an env
+    mapping nor through the profile's strings (what the user wrote is only quoted)."""
     knobs = _launch_knobs()
     found = [
         f"{module}:{where}"

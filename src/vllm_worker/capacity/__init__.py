@@ -9,19 +9,21 @@ of the worker uses; everything else is imported from its module:
 - `budget_versions`: where a vLLM version budgets differently from 0.32;
 - `memory_budget`: vLLM 0.32's memory budget term by term, and the plan;
 - `plan_report`: the table, the JSON and the log line (`vllm-worker plan`);
-- `at_boot`: the first launch, and the answer when nothing fits;
-- `engine_report`: the engine's real figures against the plan, after a start.
+- `first_launch`: what to launch first, and the answer when nothing fits;
+- `measured`: the engine's real figures against the plan, once it is ready (`ready_engine_report`,
+  called by `main`).
 """
 
 from __future__ import annotations
 
-from vllm_worker.capacity.at_boot import StartupPlan, startup_plan
-from vllm_worker.capacity.engine_report import (
+from vllm_worker.capacity.first_launch import StartupPlan, startup_plan
+from vllm_worker.capacity.measured import (
     EngineCapacity,
     capacity_report,
     compared_terms,
     parse_cache_config_metric,
     parse_engine_capacity,
+    ready_engine_report,
 )
 from vllm_worker.capacity.memory_budget import Plan, plan
 from vllm_worker.capacity.model_facts import (
@@ -41,5 +43,5 @@ __all__ = [
     "CapacityError", "EngineCapacity", "GiB", "Knobs", "MiB", "ModelFacts", "Plan", "StartupPlan",
     "capacity_report", "compared_terms", "facts_from_cache", "facts_from_config", "facts_from_folder",
     "facts_from_hub", "knobs_from_env", "parse_cache_config_metric", "parse_engine_capacity", "plan",
-    "plan_cli", "startup_plan",
+    "plan_cli", "ready_engine_report", "startup_plan",
 ]

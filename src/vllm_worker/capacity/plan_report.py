@@ -19,7 +19,7 @@ from typing import Sequence
 from vllm_worker.capacity.gpus import find_card
 from vllm_worker.capacity.kv_cache import kv_dtype_bytes
 from vllm_worker.capacity.memory_budget import VERDICT_TEXT, Plan, fmt_gib, fmt_tokens, plan
-from vllm_worker.capacity.model_facts import GiB, CapacityError, ModelFacts, facts_from_cache, facts_from_folder, facts_from_hub
+from vllm_worker.capacity.model_facts import CapacityError, GiB, ModelFacts, facts_from_cache, facts_from_folder, facts_from_hub
 from vllm_worker.capacity.plan_settings import knobs_from_env, parse_size
 from vllm_worker.config.profile import DEFAULT_GPU_MEMORY_UTILIZATION, LaunchProfile
 from vllm_worker.model.preflight import Target, classify_hub_error, failure_message
@@ -94,7 +94,8 @@ def render_table(p: Plan, facts: ModelFacts, device_name: str | None, max_concur
         ("model", f"{facts.source} ({facts.model_type}, {facts.num_layers} layers, {attention})"),
         ("GPU", f"{gpu} x GPU_MEMORY_UTILIZATION {p.utilization:g} = {fmt_gib(p.requested_bytes)} GiB"),
         ("weights", f"{fmt_gib(p.weights_bytes)} GiB per GPU ({p.weights_source})"),
-        ("activations", f"{fmt_gib(p.activation_bytes)} GiB (MAX_NUM_BATCHED_TOKENS={p.max_num_batched_tokens}, MAX_NUM_SEQS={p.max_num_seqs})"),
+        ("activations",
+         f"{fmt_gib(p.activation_bytes)} GiB (MAX_NUM_BATCHED_TOKENS={p.max_num_batched_tokens}, MAX_NUM_SEQS={p.max_num_seqs})"),
         ("CUDA graphs", graphs),
         ("non-torch", f"{fmt_gib(p.non_torch_bytes)} GiB"),
     ]

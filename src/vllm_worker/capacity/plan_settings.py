@@ -12,10 +12,8 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping
 
-from vllm_worker.capacity.model_facts import GiB, CapacityError
-from vllm_worker.config.env import bool_word, parse_human_int
+from vllm_worker.capacity.model_facts import CapacityError, GiB
 from vllm_worker.config.profile import DEFAULT_GPU_MEMORY_UTILIZATION, LaunchProfile
-from vllm_worker.config.settings import multiple_of_8_at_least
 
 if TYPE_CHECKING:
     from vllm_worker.capacity.budget_versions import Budgeting
@@ -34,25 +32,12 @@ def parse_size(text: str) -> int:
     return int(float(number) * base**power)
 
 
-def _int(profile: LaunchProfile, name: str, *, zero_unset: bool = True, human: bool = False) -> int | None:
-    value = profile.value(name)
-    if value is None:
-        return None
-    try:
-        number = parse_human_int(value) if human else int(value)
-    except ValueError:
-        raise CapacityError(f"{name}={value!r} is not a whole number") from None
-    return None if zero_unset and number == 0 else number
-
-
-def _bool(profile: LaunchProfile, name: str) -> bool | None:
-    value = profile.value(name)
-    if value is None:
-        return None
-    word = bool_word(value)
-    if word is None:
-        raise CapacityError(f"{name}={value!r} is not true or false")
-    return word
+_PLAN_KNOBS = (
+    "GPU_MEMORY_UTILIZATION", "MAX_MODEL_LEN", "MAX_NUM_SEQS", "MAX_NUM_BATCHED_TOKENS", "KV_CACHE_MEMORY_BYTES",
+    "TENSOR_PARALLEL_SIZE", "PIPELINE_PARALLEL_SIZE", "ENFORCE_EAGER", "BLOCK_SIZE", "NUM_GPU_BLOCKS_OVERRIDE",
+    "DISABLE_SLIDING_WINDOW", "DISABLE_HYBRID_KV_CACHE_MANAGER", "ENABLE_CHUNKED_PREFILL", "ASYNC_SCHEDULING",
+    "CPU_OFFLOAD_GB", "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS", "VLLM_ALLOW_LONG_MAX_MODEL_LEN",
+)
 
 
 @dataclass(frozen=True)
@@ -102,42 +87,34 @@ def knobs_for(
     MAX_NUM_SEQS defaults as the worker's; CapacityError names a value the plan cannot read.
     `compile_cache`: what the start will find in torch.compile's cache ("warm" when the worker's mark
     says a start of this configuration left it, engine.compile_cache)."""
-    util = profile.value("GPU_MEMORY_UTILIZATION")
-    try:
-        utilization = float(util) if util is not None else DEFAULT_GPU_MEMORY_UTILIZATION
-    except ValueError:
-        raise CapacityError(f"GPU_MEMORY_UTILIZATION={util!r} is not a number") from None
-    raw_len = profile.value("MAX_MODEL_LEN")
-    if raw_len is not None and (raw_len.lower() == "auto" or raw_len == "-1"):
-        max_model_len: int | None = -1
-    else:
-        max_model_len = _int(profile, "MAX_MODEL_LEN", human=True)
-    seqs = _int(profile, "MAX_NUM_SEQS")
+    unreadable = next(((name, profile.unreadable[name]) for name in _PLAN_KNOBS if name in profile.unreadable), None)
+    if unreadable is not None:
+        raise CapacityError(f"{unreadable[0]}={unreadable[1]!r} cannot be read")
+    seqs = profile.max_num_seqs
     if seqs is None and max_concurrency is not None:
-        seqs = multiple_of_8_at_least(max_concurrency)
-    offload = profile.value("CPU_OFFLOAD_GB")
+        seqs = profile.effective_max_num_seqs(max_concurrency)
     return Knobs(
         platform=platform,
-        utilization=utilization,
-        max_model_len=max_model_len,
+        utilization=profile.utilization,
+        max_model_len=profile.context_tokens,
         max_num_seqs=seqs,
-        max_num_batched_tokens=_int(profile, "MAX_NUM_BATCHED_TOKENS", human=True),
-        kv_cache_dtype=(profile.value("KV_CACHE_DTYPE") or "auto").lower(),
-        kv_cache_memory_bytes=_int(profile, "KV_CACHE_MEMORY_BYTES", human=True),
-        tensor_parallel_size=_int(profile, "TENSOR_PARALLEL_SIZE") or 1,
-        pipeline_parallel_size=_int(profile, "PIPELINE_PARALLEL_SIZE") or 1,
-        enforce_eager=bool(_bool(profile, "ENFORCE_EAGER")),
-        dtype=(profile.value("DTYPE") or "auto").lower(),
-        quantization=(profile.value("QUANTIZATION") or None),
-        block_size=_int(profile, "BLOCK_SIZE"),
-        num_gpu_blocks_override=_int(profile, "NUM_GPU_BLOCKS_OVERRIDE"),
-        disable_sliding_window=bool(_bool(profile, "DISABLE_SLIDING_WINDOW")),
-        disable_hybrid_kv_cache_manager=bool(_bool(profile, "DISABLE_HYBRID_KV_CACHE_MANAGER")),
-        chunked_prefill=_bool(profile, "ENABLE_CHUNKED_PREFILL") is not False,
-        async_scheduling=_bool(profile, "ASYNC_SCHEDULING"),
-        cpu_offload_bytes=int(float(offload) * GiB) if offload else 0,
-        estimate_cudagraphs=bool_word(profile.value("VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS")) is not False,
-        allow_long_max_model_len=bool_word(profile.value("VLLM_ALLOW_LONG_MAX_MODEL_LEN")) is True,
+        max_num_batched_tokens=profile.max_num_batched_tokens,
+        kv_cache_dtype=profile.kv_cache_dtype,
+        kv_cache_memory_bytes=profile.kv_cache_memory_bytes,
+        tensor_parallel_size=profile.tensor_parallel_size,
+        pipeline_parallel_size=profile.pipeline_parallel_size,
+        enforce_eager=profile.enforce_eager is True,
+        dtype=profile.dtype,
+        quantization=profile.quantization,
+        block_size=profile.block_size,
+        num_gpu_blocks_override=profile.num_gpu_blocks_override,
+        disable_sliding_window=profile.disable_sliding_window,
+        disable_hybrid_kv_cache_manager=profile.disable_hybrid_kv_cache_manager,
+        chunked_prefill=profile.chunked_prefill,
+        async_scheduling=profile.async_scheduling,
+        cpu_offload_bytes=int(profile.cpu_offload_gb * GiB) if profile.cpu_offload_gb else 0,
+        estimate_cudagraphs=profile.estimate_cudagraphs,
+        allow_long_max_model_len=profile.allow_long_max_model_len,
         device_name=device_name,
         cpu_amx=cpu_amx,
         compile_cache=compile_cache,

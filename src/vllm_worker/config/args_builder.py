@@ -37,18 +37,15 @@ from __future__ import annotations
 
 import difflib
 import json
-import os
-import re
 import shlex
-from dataclasses import dataclass, field
 from importlib import resources
-from typing import Any, Iterable, Literal, Mapping, Sequence
+from typing import Any, Iterable, Literal, Mapping
 
 from vllm_worker.config import flag_messages, official_worker
 from vllm_worker.config.env import BOOL_ACCEPTED, EXTRA_ARGS, RefusedValue, bool_word
 from vllm_worker.config.env import value as value_of
-from vllm_worker.config.engine_env import engine_environment
-from vllm_worker.config.settings import DOCUMENTED, Settings, multiple_of_8_at_least
+from vllm_worker.config.secrets import mask_text, secret_values
+from vllm_worker.config.settings import DOCUMENTED
 
 Kind = Literal["value", "optional_value", "list", "append", "pair", "store_true", "removed"]
 # value:      `--flag VALUE` (optional_value: the same; vLLM also takes the bare flag)
@@ -249,25 +246,10 @@ RESERVED_IN_EXTRA_ARGS: dict[str, str] = {
 
 
 BAKED_MODEL_PATH = "BAKED_MODEL_PATH"
-MASK = "***"
 
 
 class ArgsError(RefusedValue):
     """A variable that becomes a `vllm serve` argument holds a value the worker cannot use."""
-
-
-@dataclass
-class BuiltArgs:
-    """The command that starts the engine, and what the worker needs to know about it."""
-
-    argv: list[str]
-    served_model_name: str
-    engine_env: dict[str, str]
-    warnings: list[str] = field(default_factory=list)
-
-    def masked(self) -> str:
-        """The command line as it may be logged."""
-        return mask(self.argv, self.engine_env)
 
 
 def flag_for(name: str) -> str:
@@ -301,7 +283,7 @@ def _split_words(variable: str, value: str, env: Mapping[str, str]) -> list[str]
     try:
         return shlex.split(value)
     except ValueError:
-        shown = _mask_text(value, _secret_values(env))
+        shown = mask_text(value, secret_values(env))
         raise ArgsError(
             variable,
             shown,
@@ -323,8 +305,9 @@ def _list_values(variable: str, value: str, env: Mapping[str, str]) -> list[str]
     return _split_words(variable, value, env)
 
 
-def _resolve(env: Mapping[str, str], warnings: list[str]) -> tuple[dict[str, str], dict[str, str]]:
-    """Table name -> value, and table name -> the variable that set it, after aliases.
+def resolve(env: Mapping[str, str], warnings: list[str]) -> tuple[dict[str, str], dict[str, str]]:
+    """Table name -> value, and table name -> the variable that set it, after aliases, legacy names and
+    the official worker's speculative variables. `LaunchProfile.parse` calls it, once per profile.
 
     Raises ArgsError on conflicting spellings.
     """
@@ -375,7 +358,7 @@ def _fold_official_speculative(env: Mapping[str, str], values: dict[str, str], s
         twins_set = frozenset(key for key, twin in official_worker.SPECULATIVE_TWINS.items() if twin in values)
         values["SPECULATIVE_CONFIG"] = official_worker.fold_speculative(values.get("SPECULATIVE_CONFIG"), fields, twins_set)
     except official_worker.FoldError as error:
-        raise ArgsError(error.variable, _mask_text(error.value, _secret_values(env)), error.accepted) from None
+        raise ArgsError(error.variable, mask_text(error.value, secret_values(env)), error.accepted) from None
     sources.setdefault("SPECULATIVE_CONFIG", ", ".join(sorted({variable for variable, _ in fields.values()})))
 
 
@@ -386,7 +369,7 @@ def _extra_args(env: Mapping[str, str]) -> list[str]:
     words = _split_words(EXTRA_ARGS, raw, env)
     for flag in _flags_in(words):
         if flag in RESERVED_IN_EXTRA_ARGS:
-            shown = _mask_text(raw, _secret_values(env))
+            shown = mask_text(raw, secret_values(env))
             raise ArgsError(EXTRA_ARGS, shown, f"{RESERVED_IN_EXTRA_ARGS[flag]}; remove {flag} from {EXTRA_ARGS}")
     return words
 
@@ -426,7 +409,7 @@ def _checked(source: str, option: Mapping[str, Any], items: list[str], value: st
     accepted = flag_messages.problem(option, items)
     if accepted is None:
         return
-    shown = _mask_text(value, _secret_values(env))
+    shown = mask_text(value, secret_values(env))
     flag = option["flag"]
     raise ArgsError(source, shown, f"{flag} takes {accepted}",
                     message=flag_messages.invalid_value(source, shown, flag, accepted))
@@ -495,161 +478,3 @@ def lookalike_warnings(env: Mapping[str, str]) -> list[str]:
                 f"did you mean {match} ({what})?"
             )
     return warnings
-
-
-def build_args(env: Mapping[str, str], settings: Settings, caches: Mapping[str, str] | None = None) -> BuiltArgs:
-    """The `vllm serve` argv and environment for a launch configuration (the env mapping); ArgsError if
-    unusable. `caches`: the compile-cache variables to give the engine (engine_env.cache_variables)."""
-    warnings: list[str] = []
-    baked = value_of(env, BAKED_MODEL_PATH)
-    model_name = value_of(env, "MODEL_NAME")
-    if baked is None and model_name is None:
-        raise ArgsError(
-            "MODEL_NAME",
-            "",
-            "",
-            message="MODEL_NAME is not set: set it to the Hugging Face model to serve, such as 'Qwen/Qwen3-0.6B'.",
-        )
-    model = baked or model_name
-    assert model is not None
-
-    values, sources = _resolve(env, warnings)
-    extra = _extra_args(env)
-    extra_flags = _flags_in(extra)
-    config = _config_file(env, extra_flags)
-
-    if baked is not None:
-        # The baked directory is the revision that was downloaded at build time.
-        dropped = [name for name in ("REVISION", "CODE_REVISION") if values.pop(name, None) is not None]
-        if "TOKENIZER" not in values and values.pop("TOKENIZER_REVISION", None) is not None:
-            dropped.append("TOKENIZER_REVISION")
-        if dropped:
-            warnings.append(f"{', '.join(dropped)} ignored: the model is baked into the image at {baked}.")
-        if "SERVED_MODEL_NAME" not in values and model_name is not None:
-            # Clients keep asking for the Hub name, not the path inside the image.
-            values["SERVED_MODEL_NAME"], sources["SERVED_MODEL_NAME"] = model_name, "MODEL_NAME"
-
-    for name in ZERO_MEANS_UNSET:
-        if name in values and _is_zero(values[name]):
-            del values[name]
-    # A config file may set max-num-seqs, and the command line would override it.
-    if "MAX_NUM_SEQS" not in values and "--max-num-seqs" not in extra_flags and not config:
-        values["MAX_NUM_SEQS"] = str(multiple_of_8_at_least(settings.max_concurrency))
-        sources["MAX_NUM_SEQS"] = "MAX_CONCURRENCY"
-
-    for name, reason in NOT_FROM_ENV.items():
-        if reason is not None and value_of(env, name) is not None:
-            warnings.append(f"{name} is not passed to vLLM as {OPTIONS[name]['flag']}: {reason}.")
-
-    argv = [*settings.vllm_command, model, "--host", settings.vllm_host, "--port", str(settings.vllm_port), *config]
-    for name, kind in FLAGS.items():
-        if name not in values:
-            continue
-        value = values[name]
-        if kind == "removed":
-            if not official_worker.at_form_default(name, value):  # the official Hub form writes its defaults
-                warnings.append(f"{name}={value!r} is ignored: vLLM 0.32 has no {flag_for(name)} ({REMOVED_NOTES[name]}).")
-            continue
-        flag = OPTIONS[name]["flag"]
-        source = sources.get(name, name)
-        if flag in extra_flags or (kind == "pair" and "--no-" + flag[2:] in extra_flags):
-            warnings.append(f"{source} sets {flag}, but {EXTRA_ARGS} sets it too; the {EXTRA_ARGS} value wins.")
-        argv += _option_args(name, kind, value, source, env)
-        note = OPTIONS[name].get("deprecated")
-        if note:
-            warnings.append(f"{source}: {note}")
-    argv += extra
-    warnings += official_worker.notices(env)
-    warnings += lookalike_warnings(env)
-
-    served = values.get("SERVED_MODEL_NAME")
-    served_model_name = ([*_list_values("SERVED_MODEL_NAME", served, env), model] if served else [model])[0]
-    return BuiltArgs(
-        argv=argv, served_model_name=served_model_name, engine_env=engine_environment(env, caches), warnings=warnings
-    )
-
-
-# --- masking -----------------------------------------------------------------
-
-_SECRET_WORDS = ("token", "key", "secret", "password", "passwd", "apikey", "credential", "credentials")
-_SECRET_ENV_NAMES = frozenset({"HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"})
-# Shorter values are masked only where a whole argument equals them: replacing
-# "1" inside every argument would garble the log without protecting anything.
-_MIN_SUBSTRING_SECRET = 4
-
-
-def _is_secret_name(name: str) -> bool:
-    """A flag or variable whose value is a credential: its last word names one.
-
-    The last word, not any word: --max-num-batched-tokens and
-    --long-prefill-token-threshold carry numbers, --tokenizer a repo id.
-    """
-    words = [w for w in re.split(r"[-_.]+", name.lower()) if w]
-    if not words:
-        return False
-    return words[-1] in _SECRET_WORDS or any(w in ("secret", "password", "passwd") for w in words)
-
-
-def _secret_values(env: Mapping[str, str]) -> list[str]:
-    secrets = []
-    for name, value in env.items():
-        if (name in _SECRET_ENV_NAMES or _is_secret_name(name)) and value.strip():
-            secrets.append(value.strip())
-    # Longest first, so a secret that contains another is masked whole.
-    return sorted(set(secrets), key=len, reverse=True)
-
-
-def _mask_text(text: str, secrets: Sequence[str]) -> str:
-    for secret in secrets:
-        if len(secret) >= _MIN_SUBSTRING_SECRET:
-            text = text.replace(secret, MASK)
-    # Quotes around the value stay: in a quoting error they are the point.
-    return re.sub(
-        r"(?<!\S)(--?[\w.-]+)(=|\s+)([\"']?)([^\s\"']+)",
-        lambda m: m.group(1) + m.group(2) + m.group(3) + MASK if _is_secret_name(m.group(1).lstrip("-")) else m.group(0),
-        text,
-    )
-
-
-def mask(argv: Sequence[str], env: Mapping[str, str] | None = None) -> str:
-    """`argv` as one shell-quoted line with credentials replaced by '***'.
-
-    Masks the values of secret-looking flags (--api-key, --hf-token, ...), and
-    every occurrence of a secret variable's value (HF_TOKEN, *_API_KEY, ...) taken
-    from `env` (default: the worker's own environment).
-    """
-    secrets = _secret_values(os.environ if env is None else env)
-    out: list[str] = []
-    in_secret = False
-    for arg in argv:
-        if arg.startswith("-") and not _looks_negative_number(arg):
-            name, eq, _ = arg.partition("=")
-            secret_flag = _is_secret_name(name.lstrip("-"))
-            if eq and secret_flag:
-                out.append(f"{name}={MASK}")
-                in_secret = False
-                continue
-            in_secret = secret_flag and not eq
-            out.append(_mask_arg(arg, secrets))
-        elif in_secret:
-            out.append(MASK)  # nargs="+" flags such as --api-key take several values
-        else:
-            out.append(_mask_arg(arg, secrets))
-    return shlex.join(out)
-
-
-def _mask_arg(arg: str, secrets: Sequence[str]) -> str:
-    for secret in secrets:
-        if arg == secret:
-            return MASK
-        if len(secret) >= _MIN_SUBSTRING_SECRET:
-            arg = arg.replace(secret, MASK)
-    return arg
-
-
-def _looks_negative_number(arg: str) -> bool:
-    try:
-        float(arg)
-    except ValueError:
-        return False
-    return True

@@ -6,7 +6,7 @@ reach it: vLLM warns about every VLLM_* name it does not know ("Unknown vLLM env
 variable detected: VLLM_COMMAND"), and VLLM_PORT, the worker's loopback port, is also vLLM's
 own variable for the base of its internal ports. The platform's RUNPOD_* variables (its
 credentials and job-queue URLs among them) are the worker's business. HF_TOKEN stays: the
-engine downloads with it (and it is never logged: args_builder.mask).
+engine downloads with it (and it is never logged: secrets.mask).
 
 The caches: vLLM 0.32 keeps its torch.compile artifacts under VLLM_CACHE_ROOT (its AOT
 artifact and, per compiled hash, the Inductor and Triton caches it points

@@ -12,6 +12,7 @@ import re
 import shlex
 from typing import Mapping
 
+
 class RefusedValue(ValueError):
     """A variable holds a value the worker cannot use; str() is the one sentence naming the variable,
     the value and what is accepted, which every job is answered with."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 Option = Mapping[str, Any]
 
@@ -79,7 +79,7 @@ def _json_or_str(text: str) -> Any:
     return json.loads(text) if _JSON_OBJECT_TEXT.match(text) else text
 
 
-_CONVERT = {
+_CONVERT: dict[str, Callable[[str], Any]] = {
     "int": int,
     "float": float,
     "human_int": human_int,

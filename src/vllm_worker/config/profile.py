@@ -1,11 +1,14 @@
 """The launch configuration, parsed once: the user's variables as typed values, and a ladder step's overrides.
 
-Every module that decides something about a launch (the pre-flight and the model cache, the
-capacity plan, the memory wait, the ladder, the messages of `diagnosis`, the restarts of
-`monitor`) reads these typed fields; none of them parses an environment string again, so
-"0 means unset", "true/1/yes/on", "REVISION is MODEL_REVISION" and "a flag in VLLM_EXTRA_ARGS
-wins" are decided here once. `args_builder` renders the same launch configuration
-(`LaunchProfile.env`) into `vllm serve` flags.
+`LaunchProfile.parse` is the only reader of the strings. It folds the variables once (vLLM's
+other spellings, the legacy names, the official worker's speculative variables, with the
+conflict check `args_builder.resolve` makes), reads every knob the worker decides on into a
+typed field ("0 means unset", "true/1/yes/on", "8k", "a flag in VLLM_EXTRA_ARGS wins" decided
+here), and keeps the first value it cannot use as `refusal`, the one sentence every job is
+answered with. The pre-flight and the model cache, the capacity plan, the memory wait, the
+ladder, the messages of `diagnosis` and the restarts of `monitor` read these fields;
+`args_builder.build_args` renders the profile into `vllm serve`'s argv. A message that quotes
+what the user wrote reads `written(NAME)`, never to decide on it (tests/unit/test_structure.py).
 """
 
 from __future__ import annotations
@@ -13,9 +16,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
+from vllm_worker.config import args_builder, flag_messages
 from vllm_worker.config import env as envs
 from vllm_worker.config.args_builder import ALIASES, FLAGS, LEGACY_ALIASES, LONG_ALIASES, OPTIONS, SHORT_OPTIONS
-from vllm_worker.config.env import parse_human_int
+from vllm_worker.config.env import RefusedValue, parse_human_int
 from vllm_worker.config.settings import multiple_of_8_at_least
 
 DEFAULT_MAX_CONCURRENCY = 30
@@ -24,31 +28,18 @@ CPU_KV_SPACE = "VLLM_CPU_KVCACHE_SPACE"
 _OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
 # vLLM 0.32's default --gpu-memory-utilization (vllm/config/cache.py).
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.92
+# No card has more free than its total less the CUDA context once CUDA is initialised: the largest
+# card the capacity plan knows (B200, 182,909 MiB CUDA total, capacity.gpus) less the smallest
+# context (256 MiB: capacity.memory_budget's 512 MiB less its 256 MiB error). vLLM checks
+# free >= utilization x total before it loads anything, so a utilization at or above this share
+# fails on every card, idle or not (a test ties both figures to capacity's).
+LARGEST_CARD_MIB = 182909
+SMALLEST_CUDA_CONTEXT_MIB = 256
+UTILIZATION_CEILING = round((LARGEST_CARD_MIB - SMALLEST_CUDA_CONTEXT_MIB) / LARGEST_CARD_MIB, 4)
 TOKEN_VARIABLES = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
 CONFIG_FILE_VARIABLES = ("VLLM_CONFIG_FILE", "MODEL_CONFIG")
 
 env_value = envs.value
-
-
-def env_bool(env: Mapping[str, str], name: str) -> bool | None:
-    """True/False for a boolean variable; None when unset, blank or unreadable."""
-    return envs.bool_word(env.get(name))
-
-
-def _whole(text: str | None) -> int | None:
-    """A whole number; None when unset, unreadable or 0 (0 means unset)."""
-    if text is None:
-        return None
-    try:
-        number = int(text)
-    except ValueError:
-        return None
-    return number if number != 0 else None
-
-
-def env_int(env: Mapping[str, str], name: str) -> int | None:
-    """A whole-number variable; None when unset, blank, unreadable or 0 (0 means unset)."""
-    return _whole(env_value(env, name))
 
 
 # --- VLLM_EXTRA_ARGS and vLLM's second spellings, folded once ---------------------------------
@@ -87,23 +78,34 @@ def _extra_args_values(words: list[str]) -> list[tuple[str, str]]:
     return found
 
 
-def fold(env: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
-    """The launch values under vLLM's table names, and the variable that set each.
+def fold(env: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str], dict[str, str], dict[str, str], list[str], RefusedValue | None]:
+    """The launch values under vLLM's table names and the variable that set each; the same for the
+    table's flags from the variables alone (what the argv renders before VLLM_EXTRA_ARGS); the fold's
+    warnings; and the refusal when two spellings disagree.
 
     Every non-blank variable is kept as written; vLLM's other spellings (REVISION for
-    MODEL_REVISION, TOKENIZER for TOKENIZER_NAME, --device-memory-utilization) and the legacy
-    names fill the table name when it is unset; flags in VLLM_EXTRA_ARGS come last on vLLM's
+    MODEL_REVISION, TOKENIZER for TOKENIZER_NAME, --device-memory-utilization), the legacy
+    names and the official worker's speculative variables are folded by `args_builder.resolve`
+    (which refuses two spellings that disagree); flags in VLLM_EXTRA_ARGS come last on vLLM's
     command line, so they win.
     """
     values = {name: value for name in env if (value := env_value(env, name)) is not None}
     sources = {name: name for name in values}
-    for alias, name in (*ALIASES.items(), *LEGACY_ALIASES.items()):
-        if alias in values and name not in sources:
-            values[name], sources[name] = values[alias], alias
+    warnings: list[str] = []
+    refusal: RefusedValue | None = None
+    try:
+        resolved, resolved_sources = args_builder.resolve(env, warnings)
+    except args_builder.ArgsError as error:
+        refusal, resolved, resolved_sources = error, {}, {}
+        for alias, name in (*ALIASES.items(), *LEGACY_ALIASES.items()):
+            if alias in values and name not in sources:
+                values[name], sources[name] = values[alias], alias
+    values.update(resolved)
+    sources.update(resolved_sources)
     words = envs.shell_words(values.get(EXTRA_ARGS_NAME, "")) or []
     for name, value in _extra_args_values(words):
         values[name], sources[name] = value, EXTRA_ARGS_NAME
-    return values, sources
+    return values, sources, resolved, resolved_sources, warnings, refusal
 
 
 def canonical(name: str) -> str:
@@ -168,9 +170,9 @@ def explicit_kv_cache_size(env: Mapping[str, str], cpu: bool = False) -> KvCache
             found = (flag, value)
     if found is not None:
         return KvCacheSize(EXTRA_ARGS_NAME, f"{found[0]} {found[1]}", _parse_bytes(found[1]))
-    value = env_value(env, "KV_CACHE_MEMORY_BYTES")
-    if value is not None:
-        return KvCacheSize("KV_CACHE_MEMORY_BYTES", value, _parse_bytes(value))
+    written = env_value(env, "KV_CACHE_MEMORY_BYTES")
+    if written is not None:
+        return KvCacheSize("KV_CACHE_MEMORY_BYTES", written, _parse_bytes(written))
     return None
 
 
@@ -192,11 +194,84 @@ def apply_overrides(env: Mapping[str, str], overrides: Mapping[str, str | None])
     return launch_env
 
 
-def _float(text: str | None) -> float | None:
-    try:
-        return float(text) if text is not None else None
-    except ValueError:
+class _Reader:
+    """Typed reads of the folded values; what cannot be read is kept (name -> value), not guessed."""
+
+    def __init__(self, values: Mapping[str, str]) -> None:
+        self.values = values
+        self.unreadable: dict[str, str] = {}
+
+    def text(self, name: str) -> str | None:
+        return self.values.get(name)
+
+    def whole(self, name: str, *, human: bool = False) -> int | None:
+        """A whole number ("8k" with human); None when unset, 0 (0 means unset) or unreadable."""
+        text = self.values.get(name)
+        if text is None:
+            return None
+        try:
+            number = parse_human_int(text) if human else int(text)
+        except ValueError:
+            self.unreadable[name] = text
+            return None
+        return number if number != 0 else None
+
+    def number(self, name: str) -> float | None:
+        text = self.values.get(name)
+        if text is None:
+            return None
+        try:
+            return float(text)
+        except ValueError:
+            self.unreadable[name] = text
+            return None
+
+    def switch(self, name: str) -> bool | None:
+        text = self.values.get(name)
+        if text is None:
+            return None
+        word = envs.bool_word(text)
+        if word is None:
+            self.unreadable[name] = text
+        return word
+
+    def context(self) -> int | None:
+        """MAX_MODEL_LEN in tokens; -1 for auto (or -1); None when unset, 0 or unreadable."""
+        text = self.values.get("MAX_MODEL_LEN")
+        if text is not None and text.lower() in ("auto", "-1"):
+            return -1
+        return self.whole("MAX_MODEL_LEN", human=True)
+
+
+def _shell_split(text: str | None) -> tuple[str, ...] | None:
+    if text is None:
+        return ()
+    words = envs.shell_words(text)
+    return tuple(words) if words is not None else None
+
+
+def _utilization_refusal(value: float | None, text: str | None, variable: str | None) -> RefusedValue | None:
+    """GPU_MEMORY_UTILIZATION validated once: a number above 0 and below what any card has free."""
+    if text is None:
         return None
+    shown = variable or "GPU_MEMORY_UTILIZATION"
+    option = OPTIONS["GPU_MEMORY_UTILIZATION"]
+    accepted = flag_messages.problem(option, [text])  # vLLM's own range: above 0, at most 1
+    if accepted is not None:
+        return RefusedValue(shown, text, f"{option['flag']} takes {accepted}",
+                            message=flag_messages.invalid_value(shown, text, option["flag"], accepted))
+    if value is not None and value >= UTILIZATION_CEILING:
+        return RefusedValue(
+            shown, text, "",
+            message=(
+                f"{shown}={text!r} is not valid: no GPU has that share of its memory free once CUDA has started "
+                f"(its context takes at least {SMALLEST_CUDA_CONTEXT_MIB} MiB, so even a "
+                f"{LARGEST_CARD_MIB / 1024:.0f} GiB card has at most {UTILIZATION_CEILING:g} free) and vLLM would "
+                f"wait for memory that never frees; set it to 0.95 or lower, or leave it unset for vLLM's "
+                f"{DEFAULT_GPU_MEMORY_UTILIZATION:g}."
+            ),
+        )
+    return None
 
 
 @dataclass(frozen=True)
@@ -204,14 +279,21 @@ class LaunchProfile:
     """One launch configuration: `env` (the user's variables with the profile's overrides applied)
     and its typed knobs, read once. name: "as configured" or the ladder step ("max_num_seqs=32", "eager").
 
-    `value(NAME)` is a knob as vLLM will see it, whichever spelling set it (MODEL_REVISION,
-    REVISION or --revision in VLLM_EXTRA_ARGS); `variable(NAME)` names the one the user wrote,
-    so a message can tell them what to change.
+    The typed fields are the knobs as vLLM will see them, whichever spelling set them (MODEL_REVISION,
+    REVISION or --revision in VLLM_EXTRA_ARGS); `variable(NAME)` names the one the user wrote and
+    `written(NAME)` what they wrote there, so a message can tell them what to change. `refusal`: the
+    first value the worker refuses before any launch (None when there is none); `unreadable`: knobs
+    whose text the typed fields could not read (vLLM's own parser, in `args_builder`, refuses them).
     """
 
     env: Mapping[str, str] = field(repr=False)
-    values: Mapping[str, str] = field(repr=False)
+    values: Mapping[str, str] = field(repr=False)  # config/ only: the folded strings
     sources: Mapping[str, str]
+    flags: Mapping[str, str] = field(repr=False)  # table name -> value from the variables (argv before VLLM_EXTRA_ARGS)
+    flag_sources: Mapping[str, str] = field(repr=False)
+    fold_warnings: tuple[str, ...]
+    refusal: RefusedValue | None
+    unreadable: Mapping[str, str]
     model: str | None
     baked_model_path: str | None
     revision: str | None
@@ -221,11 +303,24 @@ class LaunchProfile:
     hf_endpoint: str | None
     max_concurrency: int
     max_num_seqs: int | None  # as set (0 and unset are None): the worker then passes its own default
-    max_num_batched_tokens: int | None  # as set; None: vLLM's default
+    max_num_batched_tokens: int | None  # as set ("8k" read as vLLM reads it); None: vLLM's default
     max_model_len: str | None  # as written: a number, "8k", "auto" or -1
+    context_tokens: int | None  # MAX_MODEL_LEN in tokens; -1: auto; None: the model's full context
     enforce_eager: bool | None
-    gpu_memory_utilization: float | None
+    gpu_memory_utilization: float | None  # as set and valid (see `refusal`); `utilization` has the default
     kv_cache_dtype: str
+    dtype: str
+    quantization: str | None
+    kv_cache_memory_bytes: int | None  # KV_CACHE_MEMORY_BYTES (or its flag in VLLM_EXTRA_ARGS), in bytes
+    block_size: int | None
+    num_gpu_blocks_override: int | None
+    cpu_offload_gb: float | None
+    disable_sliding_window: bool
+    disable_hybrid_kv_cache_manager: bool
+    chunked_prefill: bool  # vLLM's default on
+    async_scheduling: bool | None  # None: vLLM's default for the platform
+    estimate_cudagraphs: bool  # VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS, on unless false
+    allow_long_max_model_len: bool  # VLLM_ALLOW_LONG_MAX_MODEL_LEN
     tensor_parallel_size: int
     pipeline_parallel_size: int
     data_parallel_size: int
@@ -233,9 +328,10 @@ class LaunchProfile:
     kv_cache: KvCacheSize | None  # the size fixed for a GPU engine
     kv_cache_cpu: KvCacheSize | None  # the size fixed for the CPU engine (VLLM_CPU_KVCACHE_SPACE wins there)
     extra_args_flags: frozenset[str]  # flags given in VLLM_EXTRA_ARGS, without their dashes
+    extra_args_words: tuple[str, ...] | None  # VLLM_EXTRA_ARGS as a shell splits it; None: unbalanced quotes
+    config_file: str | None  # the variable that passes vLLM a config file, when one does
     offline: str | None  # HF_HUB_OFFLINE or TRANSFORMERS_OFFLINE when one is true
     modelscope: bool  # VLLM_USE_MODELSCOPE: the model comes from ModelScope, not the Hub
-    config_file: str | None  # the variable that passes vLLM a config file, when one does
     name: str = "as configured"
     overrides: Mapping[str, str | None] = field(default_factory=dict)
 
@@ -246,12 +342,27 @@ class LaunchProfile:
         name: str = "as configured",
         overrides: Mapping[str, str | None] | None = None,
     ) -> "LaunchProfile":
-        values, sources = fold(env)
-        concurrency = _whole(values.get("MAX_CONCURRENCY"))
-        return cls(
+        values, sources, flags, flag_sources, warnings, refusal = fold(env)
+        read = _Reader(values)
+        concurrency = read.whole("MAX_CONCURRENCY")
+        utilization = read.number("GPU_MEMORY_UTILIZATION")
+        kv_cache = explicit_kv_cache_size(env)
+        if refusal is None and kv_cache is None:
+            refusal = _utilization_refusal(
+                utilization, values.get("GPU_MEMORY_UTILIZATION"), sources.get("GPU_MEMORY_UTILIZATION")
+            )
+        if utilization is not None and not 0 < utilization <= 1:
+            utilization = None
+        offload = read.number("CPU_OFFLOAD_GB")
+        profile = cls(
             env=dict(env),
             values=values,
             sources=sources,
+            flags=flags,
+            flag_sources=flag_sources,
+            fold_warnings=tuple(warnings),
+            refusal=refusal,
+            unreadable=read.unreadable,
             model=values.get("MODEL_NAME"),
             baked_model_path=values.get("BAKED_MODEL_PATH"),
             revision=values.get("REVISION"),
@@ -260,34 +371,47 @@ class LaunchProfile:
             hf_token=next((values[v] for v in TOKEN_VARIABLES if v in values), None),
             hf_endpoint=values.get("HF_ENDPOINT"),
             max_concurrency=concurrency if concurrency is not None and concurrency > 0 else DEFAULT_MAX_CONCURRENCY,
-            max_num_seqs=_whole(values.get("MAX_NUM_SEQS")),
-            max_num_batched_tokens=_whole(values.get("MAX_NUM_BATCHED_TOKENS")),
+            max_num_seqs=read.whole("MAX_NUM_SEQS"),
+            max_num_batched_tokens=read.whole("MAX_NUM_BATCHED_TOKENS", human=True),
             max_model_len=values.get("MAX_MODEL_LEN"),
-            enforce_eager=envs.bool_word(values.get("ENFORCE_EAGER")),
-            gpu_memory_utilization=_float(values.get("GPU_MEMORY_UTILIZATION")),
+            context_tokens=read.context(),
+            enforce_eager=read.switch("ENFORCE_EAGER"),
+            gpu_memory_utilization=utilization,
             kv_cache_dtype=values.get("KV_CACHE_DTYPE", "auto").lower(),
-            tensor_parallel_size=max(_whole(values.get("TENSOR_PARALLEL_SIZE")) or 1, 1),
-            pipeline_parallel_size=max(_whole(values.get("PIPELINE_PARALLEL_SIZE")) or 1, 1),
-            data_parallel_size=max(_whole(values.get("DATA_PARALLEL_SIZE")) or 1, 1),
-            trust_remote_code=envs.bool_word(values.get("TRUST_REMOTE_CODE")),
-            kv_cache=explicit_kv_cache_size(env),
+            dtype=values.get("DTYPE", "auto").lower(),
+            quantization=values.get("QUANTIZATION"),
+            kv_cache_memory_bytes=read.whole("KV_CACHE_MEMORY_BYTES", human=True),
+            block_size=read.whole("BLOCK_SIZE"),
+            num_gpu_blocks_override=read.whole("NUM_GPU_BLOCKS_OVERRIDE"),
+            cpu_offload_gb=offload if offload else None,
+            disable_sliding_window=read.switch("DISABLE_SLIDING_WINDOW") is True,
+            disable_hybrid_kv_cache_manager=read.switch("DISABLE_HYBRID_KV_CACHE_MANAGER") is True,
+            chunked_prefill=read.switch("ENABLE_CHUNKED_PREFILL") is not False,
+            async_scheduling=read.switch("ASYNC_SCHEDULING"),
+            estimate_cudagraphs=read.switch("VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS") is not False,
+            allow_long_max_model_len=read.switch("VLLM_ALLOW_LONG_MAX_MODEL_LEN") is True,
+            tensor_parallel_size=max(read.whole("TENSOR_PARALLEL_SIZE") or 1, 1),
+            pipeline_parallel_size=max(read.whole("PIPELINE_PARALLEL_SIZE") or 1, 1),
+            data_parallel_size=max(read.whole("DATA_PARALLEL_SIZE") or 1, 1),
+            trust_remote_code=read.switch("TRUST_REMOTE_CODE"),
+            kv_cache=kv_cache,
             kv_cache_cpu=explicit_kv_cache_size(env, cpu=True),
             extra_args_flags=frozenset(
                 w[2:].split("=", 1)[0].replace("_", "-") for w in _extra_words(env) if w.startswith("--")
             ),
+            extra_args_words=_shell_split(values.get(EXTRA_ARGS_NAME)),
+            config_file=next((v for v in CONFIG_FILE_VARIABLES if v in values), None),
             offline=next((v for v in _OFFLINE_VARIABLES if envs.bool_word(values.get(v)) is True), None),
             modelscope=envs.bool_word(values.get("VLLM_USE_MODELSCOPE")) is True,
-            config_file=next((v for v in CONFIG_FILE_VARIABLES if v in values), None),
             name=name,
             overrides=dict(overrides or {}),
         )
+        PARSES.count += 1
+        return profile
 
-    def value(self, name: str) -> str | None:
-        """A knob as vLLM will see it, by any of its spellings; None when unset."""
-        return self.values.get(canonical(name))
-
-    def raw(self, name: str) -> str | None:
-        """One variable exactly as the user set it (stripped; None when unset or blank), no spelling folded."""
+    def written(self, name: str) -> str | None:
+        """What the user wrote for one variable (stripped; None when unset or blank), no spelling folded:
+        for a message to quote, never to decide on (the typed fields decide)."""
         return env_value(self.env, name)
 
     @property
@@ -304,7 +428,7 @@ class LaunchProfile:
 
     @property
     def utilization(self) -> float:
-        """The share of the card vLLM may use: GPU_MEMORY_UTILIZATION, else vLLM's default."""
+        """The share of the card vLLM may use: GPU_MEMORY_UTILIZATION, else vLLM's default (the one rule)."""
         return self.gpu_memory_utilization if self.gpu_memory_utilization is not None else DEFAULT_GPU_MEMORY_UTILIZATION
 
     @property
@@ -312,11 +436,26 @@ class LaunchProfile:
         """The model vLLM loads: the baked folder when there is one, else MODEL_NAME."""
         return self.baked_model_path or self.model
 
+    @staticmethod
+    def default_max_num_seqs(max_concurrency: int) -> int:
+        """The one MAX_NUM_SEQS default rule: the smallest multiple of 8 at least MAX_CONCURRENCY."""
+        return multiple_of_8_at_least(max_concurrency)
+
     def effective_max_num_seqs(self, max_concurrency: int | None = None) -> int:
-        """MAX_NUM_SEQS the engine runs with: the variable, else the worker's default for the concurrency."""
+        """MAX_NUM_SEQS the engine runs with: the variable, else the worker's default for the concurrency
+        (the one MAX_NUM_SEQS default rule: the smallest multiple of 8 at least MAX_CONCURRENCY)."""
         if self.max_num_seqs is not None:
             return self.max_num_seqs
-        return multiple_of_8_at_least(max_concurrency if max_concurrency is not None else self.max_concurrency)
+        return self.default_max_num_seqs(max_concurrency if max_concurrency is not None else self.max_concurrency)
 
     def kv_cache_for(self, cpu: bool) -> KvCacheSize | None:
         return self.kv_cache_cpu if cpu else self.kv_cache
+
+
+class _Parses:
+    """How many times `LaunchProfile.parse` ran in this process (tests/unit/test_profile.py prints it per start)."""
+
+    count = 0
+
+
+PARSES = _Parses()

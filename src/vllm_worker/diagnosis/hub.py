@@ -1,7 +1,9 @@
 """The messages for a model that could not be fetched: the Hub said no, or could not be reached.
 
-The sentences themselves are `hub_messages`', shared with the pre-flight; this module finds,
-in vLLM's output, which repository, revision and variable they are about.
+The sentences come first, shared with the pre-flight (`model.preflight`) and the image's
+download (`builder/download_model.py`), so a wrong MODEL_NAME reads the same whether the Hub
+pre-flight caught it in a second or vLLM crashed on it after a cold start; then the builders
+that find, in vLLM's output, which repository, revision and variable they are about.
 """
 
 from __future__ import annotations
@@ -11,20 +13,114 @@ from typing import Callable, Sequence
 from urllib.parse import unquote
 
 from vllm_worker.diagnosis.verdict import Context, Diagnosis, answer, answer_shared, compose, evidence_of, tried_sentence
-from vllm_worker.diagnosis.hub_messages import (
-    gated_repo_message,
-    hub_unreachable_message,
-    invalid_model_name_message,
-    looks_like_path,
-    model_path_missing_message,
-    offline_not_cached_message,
-    repo_not_found_message,
-    revision_not_found_message,
-    unauthorized_message,
+
+# --- Hub access -----------------------------------------------------------------------------
+
+# --- the sentences, shared with the pre-flight ---------------------------------------------
+
+
+def repo_not_found_message(repo: str, variable: str = "MODEL_NAME") -> str:
+    """The repository does not exist on the Hub (or is private and invisible to the token)."""
+    return (
+        f"{variable}={repo!r} was not found on the Hugging Face Hub: check the spelling "
+        f"(owner/name, case-sensitive); if the repository is private, set HF_TOKEN to a token "
+        f"of an account that can read it."
+    )
+
+
+def gated_repo_message(repo: str, variable: str = "MODEL_NAME", token_set: bool = False) -> str:
+    """The repository is gated and the token (or its absence) does not grant access."""
+    if token_set:
+        fix = (
+            f"the account of HF_TOKEN has not been granted access: accept the model's terms "
+            f"at https://huggingface.co/{repo} with that account (approval can take a while), "
+            f"or use a token of an account that has access"
+        )
+    else:
+        fix = (
+            f"HF_TOKEN is not set: accept the model's terms at https://huggingface.co/{repo} "
+            f"and set HF_TOKEN to a read token of that account"
+        )
+    return f"{variable}={repo!r} is a gated repository and {fix}."
+
+
+def revision_not_found_message(repo: str, revision: str, variable: str = "MODEL_REVISION") -> str:
+    """The branch, tag or commit does not exist in the repository (e.g. lost to a force-push)."""
+    return (
+        f"{variable}={revision!r} does not exist in {repo!r}: set it to an existing branch, "
+        f"tag or commit of that repository, or unset it to use the default branch."
+    )
+
+
+def unauthorized_message(repo: str, variable: str = "MODEL_NAME", token_set: bool = False) -> str:
+    """The Hub refused the credentials (401)."""
+    if token_set:
+        return (
+            f"The Hugging Face Hub rejected HF_TOKEN while fetching {variable}={repo!r}: the token "
+            f"is invalid, expired or revoked; set HF_TOKEN to a valid read token."
+        )
+    return (
+        f"The Hugging Face Hub refused anonymous access to {variable}={repo!r}: if the repository "
+        f"is private or gated, set HF_TOKEN to a read token of an account that can read it; "
+        f"otherwise check the name."
+    )
+
+
+def looks_like_path(reference: str) -> bool:
+    """Whether MODEL_NAME reads as a filesystem path rather than an owner/name repository id."""
+    return reference in (".", "..", "~") or reference.startswith(("/", "./", "../", "~/")) or reference.count("/") > 1
+
+
+# Sentences whose only parts are the names and values they quote: one template each.
+_MODEL_PATH_MISSING = (
+    "{variable}={path!r} does not exist in this container, so vLLM cannot load the model from it: if the model "
+    "is on a network volume, attach the volume to the endpoint and point {variable} at the model's directory "
+    "under its mount point (/runpod-volume on Runpod Serverless); otherwise correct the path, or set {variable} "
+    "to a Hugging Face repository id such as 'Qwen/Qwen3-0.6B'."
+)
+_INVALID_MODEL_NAME = (
+    "{variable}={value!r} is neither a directory in this container nor a valid Hugging Face repository id "
+    "(owner/name, with letters, digits, '-', '_' and '.'): correct it."
+)
+_OFFLINE_NOT_CACHED = (
+    "{variable}={repo!r}{at} is not in this container's Hugging Face cache, and {offline}={offline_value} forbids "
+    "downloading it: unset {offline} so the worker can download it from the Hub (and check the name: the "
+    "worker's Hub check is also skipped while offline), or bake the model into the image or mount a volume whose "
+    "Hugging Face cache (HF_HOME) already holds it."
+)
+_HUB_UNREACHABLE = (
+    "vLLM could not reach the Hugging Face Hub to download {variable}={repo!r}, and the model is not in this "
+    "container's Hugging Face cache: this is a network problem of the host or the Hub, not of the settings. If it "
+    "persists, terminate this worker so the platform starts a fresh one, or bake the model into the image or a "
+    "network volume so no download is needed."
 )
 
 
-# --- Hub access -----------------------------------------------------------------------------
+def model_path_missing_message(path: str, variable: str = "MODEL_NAME") -> str:
+    """A local model path that is not there (vLLM then takes it for a Hub repository id and rejects it)."""
+    return _MODEL_PATH_MISSING.format(path=path, variable=variable)
+
+
+def invalid_model_name_message(value: str, variable: str = "MODEL_NAME") -> str:
+    """Neither a directory in the container nor a well-formed Hub repository id."""
+    return _INVALID_MODEL_NAME.format(value=value, variable=variable)
+
+
+def offline_not_cached_message(
+    repo: str, variable: str = "MODEL_NAME", offline: str = "HF_HUB_OFFLINE", offline_value: str = "1",
+    revision: str | None = None,
+) -> str:
+    """The Hub is switched off and the repository (at that revision) is not in the local cache."""
+    at = f" at revision {revision!r}" if revision else ""
+    return _OFFLINE_NOT_CACHED.format(variable=variable, repo=repo, at=at, offline=offline, offline_value=offline_value)
+
+
+def hub_unreachable_message(repo: str, variable: str = "MODEL_NAME") -> str:
+    """The Hub could not be reached and the model is not in the local cache (a network fault, often passing)."""
+    return _HUB_UNREACHABLE.format(variable=variable, repo=repo)
+
+
+# --- which repository, revision and variable vLLM's output names -------------------------
 
 _URL_REPO = re.compile(r"https?://[^\s'\"]+?/(?:api/models/)?([\w.-]+/[\w.-]+)/(?:resolve|revision|tree)/([^/\s'\"]+)")
 
@@ -41,7 +137,7 @@ def _repo_from(ctx: Context, patterns: Sequence[str]) -> str | None:
 def _repo_variable(ctx: Context, repo: str) -> str:
     if repo != ctx.model:
         for name in ("TOKENIZER_NAME", "TOKENIZER"):
-            if ctx.profile.raw(name) == repo:
+            if ctx.profile.written(name) == repo:
                 return name
     return "MODEL_NAME"
 
@@ -91,7 +187,7 @@ _MODEL_VARIABLES = ("MODEL_NAME", "BAKED_MODEL_PATH", "TOKENIZER_NAME", "TOKENIZ
 
 def _model_variable(ctx: Context, reference: str) -> str:
     """Which variable holds `reference` (the model unless it is the tokenizer's or the baked path)."""
-    return next((name for name in _MODEL_VARIABLES if ctx.profile.raw(name) == reference), "MODEL_NAME")
+    return next((name for name in _MODEL_VARIABLES if ctx.profile.written(name) == reference), "MODEL_NAME")
 
 
 def model_path_missing(ctx: Context) -> Diagnosis:
@@ -122,8 +218,8 @@ def offline_not_cached(ctx: Context) -> Diagnosis:
     repo = ctx.model or (said.group(1) if said else None) or "(unknown)"
     variable = _model_variable(ctx, repo)
     offline = ctx.profile.offline
-    offline_value = ctx.profile.raw(offline) if offline else None
-    revision = ctx.profile.raw("MODEL_REVISION") if variable == "MODEL_NAME" else None
+    offline_value = ctx.profile.written(offline) if offline else None
+    revision = ctx.profile.written("MODEL_REVISION") if variable == "MODEL_NAME" else None
     missing_dir = ctx.search(r"Cache directory not found: (\S+?)\.?(?:\s|$)")
     if missing_dir:
         message = (
@@ -161,9 +257,9 @@ def revision_not_found(ctx: Context) -> Diagnosis:
     url = ctx.search(_URL_REPO.pattern)
     repo = (said.group(2) if said else None) or (url.group(1) if url else None) or ctx.model or "(unknown)"
     revision = (said.group(1) if said else None) or (unquote(url.group(2)) if url else None) or ctx.revision or "(unknown)"
-    variable = next((name for name in _REVISION_VARIABLES if ctx.profile.raw(name) == revision), None)
+    variable = next((name for name in _REVISION_VARIABLES if ctx.profile.written(name) == revision), None)
     if variable is None:
-        variable = next((name for name in _REVISION_VARIABLES if ctx.profile.raw(name) is not None), None)
+        variable = next((name for name in _REVISION_VARIABLES if ctx.profile.written(name) is not None), None)
     if variable is not None:
         message = revision_not_found_message(repo, revision, variable) + tried_sentence(ctx.tried)
     else:

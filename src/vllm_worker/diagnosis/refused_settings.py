@@ -8,15 +8,11 @@ like the worker's own pre-launch check (`flag_messages`), with vLLM's words afte
 from __future__ import annotations
 
 import re
-from typing import Mapping
 
-from vllm_worker.config import args_builder
-
-from vllm_worker.config import flag_messages
+from vllm_worker.config import args_builder, flag_messages
 from vllm_worker.config.profile import LaunchProfile
-from vllm_worker.diagnosis.verdict import Context, Diagnosis, answer, evidence_of
 from vllm_worker.diagnosis.rules import Hit
-
+from vllm_worker.diagnosis.verdict import Context, Diagnosis, answer, evidence_of
 
 # --- MAX_MODEL_LEN ----------------------------------------------------------------------
 
@@ -36,7 +32,7 @@ def max_model_len(ctx: Context) -> Diagnosis:
         hit.line,
     )
     # vLLM's own figure is what it rejected; the env may hold an alias or an extra-args override.
-    value = (m.group(1) if m else None) or ctx.profile.raw("MAX_MODEL_LEN")
+    value = (m.group(1) if m else None) or ctx.profile.written("MAX_MODEL_LEN")
     limits = [n for n in ((_number(m.group(3)), _number(m.group(4))) if m else ()) if n is not None]
     limit = max(limits) if limits else None
     if limit is not None and m:
@@ -58,12 +54,11 @@ _EXTRA_ARGS = "VLLM_EXTRA_ARGS"
 def _variable_for_flag(flag: str, profile: LaunchProfile) -> str | None:
     """Which of the user's variables put `flag` on the command line, if one can tell."""
     name = flag.lstrip("-").replace("-", "_").upper()
-    if name.startswith("NO_") and profile.raw(name[3:]) is not None:
+    if name.startswith("NO_") and profile.written(name[3:]) is not None:
         name = name[3:]
-    if profile.raw(name) is not None:
+    if profile.written(name) is not None:
         return name
-    extra = profile.raw(_EXTRA_ARGS) or ""
-    if re.search(rf"(?:^|\s){re.escape(flag)}(?:[=\s]|$)", extra):
+    if any(word == flag or word.startswith(flag + "=") for word in profile.extra_args_words or ()):
         return _EXTRA_ARGS
     return None
 
@@ -91,18 +86,18 @@ def bad_arguments(ctx: Context) -> Diagnosis:
             flag_match = re.match(r"argument (\S+?)(?:/\S+)?: (.+)", error)
             if flag_match:
                 flag = flag_match.group(1)
-                found = _variable_for_flag(flag, ctx.profile)
-                variable = found or flag.lstrip("-").replace("-", "_").upper()
-                value = ctx.profile.raw(variable)
+                set_by = _variable_for_flag(flag, ctx.profile)
+                variable = set_by or flag.lstrip("-").replace("-", "_").upper()
+                value = ctx.profile.written(variable)
                 shown = f"{variable}={value!r}" if value is not None and variable != _EXTRA_ARGS else variable
                 option = args_builder.option_for(flag)
-                if found and found != _EXTRA_ARGS and value is not None and option is not None:
+                if set_by and set_by != _EXTRA_ARGS and value is not None and option is not None:
                     # The pre-launch check's sentence, with vLLM's own words after it.
                     accepted = flag_messages.invalid_value(variable, value, option["flag"], flag_messages.describe(option))
                     cause = f"{accepted.rstrip('.')} (vLLM said: {flag_match.group(2)})"
                 else:
                     cause = f"vLLM rejected {shown} ({flag}: {flag_match.group(2)})"
-                fixes = [f"correct {variable} or unset it" if found else f"correct the variable that sets {flag}"]
+                fixes = [f"correct {variable} or unset it" if set_by else f"correct the variable that sets {flag}"]
             else:
                 variable, value = None, None
                 cause = f"vLLM rejected its command line: {error}"
@@ -133,7 +128,7 @@ def bad_arguments(ctx: Context) -> Diagnosis:
         if not m or not re.fullmatch(r"[\w.]+", field_name):
             continue
         variable = field_name.split(".")[-1].upper()
-        value = ctx.profile.raw(variable) or m.group(2)
+        value = ctx.profile.written(variable) or m.group(2)
         first_variable = first_variable or variable
         first_value = first_value or value
         problems.append(f"{variable}={value} ({m.group(1)[0].lower() + m.group(1)[1:]})")
@@ -194,7 +189,7 @@ def _config_value(ctx: Context, hit: Hit) -> Diagnosis:
     if hit.rule.detail == "dtype_for_quantization":
         variable = "DTYPE"
     variable = variable or _variable_in(reason)
-    value = ctx.profile.raw(variable) if variable else None
+    value = ctx.profile.written(variable) if variable else None
     shown = f"{variable}={value!r}" if variable and value is not None else (variable or "a setting")
     cause = f"vLLM rejected {shown}: {evidence_of(reason).rstrip('.')}"
     if hit.rule.detail == "dtype_for_quantization":
@@ -217,7 +212,7 @@ def _divisors(number: int, limit: int = 8) -> list[int]:
 
 def tensor_parallel(ctx: Context) -> Diagnosis:
     hit = ctx.hits[-1]
-    tp = ctx.profile.raw("TENSOR_PARALLEL_SIZE")
+    tp = ctx.profile.written("TENSOR_PARALLEL_SIZE")
     heads = ctx.search(r"attention heads \((\d+)\) must be divisible by tensor parallel size \((\d+)\)")
     if heads:
         size = tp or heads.group(2)
@@ -265,7 +260,7 @@ def dtype_unsupported(ctx: Context) -> Diagnosis:
     hit = ctx.hits[-1]
     gpu = ctx.search(r"Your (.+?) GPU has compute capability ([\d.]+)")
     where = f"This GPU ({gpu.group(1)}, compute capability {gpu.group(2)})" if gpu else "This GPU"
-    dtype = ctx.profile.raw("DTYPE")
+    dtype = ctx.profile.written("DTYPE")
     uses = f"DTYPE={dtype}" if dtype else f"the dtype of {ctx.subject if ctx.model else 'the model'} (bfloat16)"
     cause = f"{where} cannot compute in bfloat16, which {uses} asks for"
     fixes = ["set DTYPE=half (float16)", "or choose a GPU of compute capability 8.0 or more (Ampere or newer)"]
@@ -277,15 +272,15 @@ _KV_FP8 = r"reshape_and_cache|kv_cache_dtype[=:'\" ]+fp8|KV_CACHE_DTYPE=fp8|--kv
 
 def quantization_unsupported(ctx: Context) -> Diagnosis:
     hit = ctx.hits[-1]
-    kv_fp8 = (ctx.profile.raw("KV_CACHE_DTYPE") or "").lower().startswith("fp8")
+    kv_fp8 = ctx.profile.kv_cache_dtype.startswith("fp8")
     if hit.rule.detail == "fp8_type" and (kv_fp8 or ctx.search(_KV_FP8)):
         cause = "This GPU cannot store the KV cache in fp8 (its Triton kernels support fp8e4nv from Ada/Hopper on)"
         return answer(ctx, "dtype_unsupported", cause,
             ["unset KV_CACHE_DTYPE (or set it to auto)", "or choose an Ada or Hopper GPU"], line=hit.line,
-            variable="KV_CACHE_DTYPE", value=ctx.profile.raw("KV_CACHE_DTYPE"))
+            variable="KV_CACHE_DTYPE", value=ctx.profile.written("KV_CACHE_DTYPE"))
     method = ctx.search(r"quantization method (\S+) is not supported for the current GPU")
     caps = ctx.search(r"Minimum capability: (\d+)\.? Current capability: (\d+)")
-    setting = ctx.profile.raw("QUANTIZATION")
+    setting = ctx.profile.written("QUANTIZATION")
     name = method.group(1) if method else (setting or "of the checkpoint")
     needs = (
         f": it needs compute capability {_capability(caps.group(1))}, this GPU has {_capability(caps.group(2))}"

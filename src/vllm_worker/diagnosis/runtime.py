@@ -99,7 +99,7 @@ def _runtime_oom_fixes(output: str, profile: LaunchProfile) -> list[str]:
         )
     else:
         fixes.append("set MAX_NUM_BATCHED_TOKENS (e.g. 2048) to cap the prompt tokens processed in one step")
-    length = profile.raw("MAX_MODEL_LEN")
+    length = profile.written("MAX_MODEL_LEN")
     if length is None or not length.isdigit() or int(length) <= 0:
         used = re.findall(r"Using max model len (\d+)", output)
         length = used[-1] if used else None

@@ -15,7 +15,7 @@ with vLLM's own root exception and exit code, because a worker that exits on an 
 failure is restarted by the platform into the same failure, the crash loop this project
 exists to end.
 
-The Hub-access sentences live in `hub_messages`, shared with `preflight`, so a wrong
+The Hub-access sentences live in `hub`, shared with `preflight`, so a wrong
 MODEL_NAME reads the same whether the pre-flight caught it or vLLM crashed on it.
 """
 
@@ -25,11 +25,11 @@ import re
 from typing import Callable, Sequence
 
 from vllm_worker.diagnosis import hub as hub_errors
-from vllm_worker.diagnosis import refused_settings as config_errors
+from vllm_worker.diagnosis import refused_settings
 from vllm_worker.diagnosis import rules as failure_rules
+from vllm_worker.diagnosis.memory import memory_held_diagnosis, memory_shortfall_diagnosis, profiling_race_diagnosis
 from vllm_worker.diagnosis.rules import Hit, clean_lines, find_hits, last_words, root_error, root_hit
-from vllm_worker.diagnosis.verdict import Context, Diagnosis, Failure, answer, compose, evidence_of, scrubbed
-from vllm_worker.diagnosis.shortfall import memory_held_diagnosis, memory_shortfall_diagnosis, profiling_race_diagnosis
+from vllm_worker.diagnosis.verdict import Context, Diagnosis, Failure, Tried, answer, compose, evidence_of, scrubbed
 
 # kind -> what it means. Every Diagnosis.kind of a failed start is one of these.
 KINDS: dict[str, str] = {
@@ -108,15 +108,15 @@ def classify(failure: Failure) -> str | None:
     return diagnosis.message if diagnosis else None
 
 
-def memory_shortfall(output: str) -> bool:
+def memory_shortfall(failure: Failure) -> bool:
     """Whether the start failed because the configuration does not fit in memory."""
-    diagnosis = diagnose(Failure(output))
+    diagnosis = diagnose(failure)
     return diagnosis is not None and diagnosis.kind == "memory_shortfall"
 
 
-def memory_held(output: str) -> bool:
+def memory_held(failure: Failure) -> bool:
     """Whether the start failed because another process holds the memory it needs."""
-    diagnosis = diagnose(Failure(output))
+    diagnosis = diagnose(failure)
     return diagnosis is not None and diagnosis.kind == "memory_held"
 
 
@@ -131,7 +131,7 @@ def _exit_phrase(exit_code: int | None) -> str:
     return f" (exit code {exit_code})"
 
 
-def unknown_failure(output: str, exit_code: int | None, tried: Sequence[str] = ()) -> Diagnosis:
+def unknown_failure(output: str, exit_code: int | None, tried: Sequence[Tried] = ()) -> Diagnosis:
     """vLLM failed for a reason no rule knows: its own root error, so the user still reads the cause."""
     lines = clean_lines(output)
     root = root_error(lines)
@@ -261,7 +261,9 @@ def _weight_names(ctx: Context) -> Diagnosis:
 def _trust_remote_code(ctx: Context) -> Diagnosis:
     hit = ctx.hits[-1]
     subject = ctx.subject
-    part = "tokenizer" if ctx.search(r"Failed to load the tokenizer") else "processor" if ctx.search(r"Failed to load the processor") else "model"
+    part = "tokenizer" if ctx.search(r"Failed to load the tokenizer") else (
+        "processor" if ctx.search(r"Failed to load the processor") else "model"
+    )
     already = ctx.profile.trust_remote_code is True
     if already:
         cause = (
@@ -273,7 +275,7 @@ def _trust_remote_code(ctx: Context) -> Diagnosis:
         cause = f"{subject} needs to run its repository's own Python code for its {part}, which the worker does not allow by default"
         fixes = ["set TRUST_REMOTE_CODE=true if you trust that code"]
     return answer(ctx, "trust_remote_code", cause, fixes, line=hit.line, variable="TRUST_REMOTE_CODE",
-        value=ctx.profile.raw("TRUST_REMOTE_CODE"))
+        value=ctx.profile.written("TRUST_REMOTE_CODE"))
 
 
 def _disk_full(ctx: Context) -> Diagnosis:
@@ -377,11 +379,11 @@ _BUILDERS: dict[str, Callable[[Context], Diagnosis]] = {
     "memory_shortfall": memory_shortfall_diagnosis,
     "memory_held": memory_held_diagnosis,
     "profiling_race": profiling_race_diagnosis,
-    "max_model_len_too_large": config_errors.max_model_len,
-    "bad_arguments": config_errors.bad_arguments,
-    "tensor_parallel": config_errors.tensor_parallel,
-    "dtype_unsupported": config_errors.dtype_unsupported,
-    "quantization_unsupported": config_errors.quantization_unsupported,
+    "max_model_len_too_large": refused_settings.max_model_len,
+    "bad_arguments": refused_settings.bad_arguments,
+    "tensor_parallel": refused_settings.tensor_parallel,
+    "dtype_unsupported": refused_settings.dtype_unsupported,
+    "quantization_unsupported": refused_settings.quantization_unsupported,
     "repo_not_found": hub_errors.repo_not_found,
     "model_path_missing": hub_errors.model_path_missing,
     "offline_not_cached": hub_errors.offline_not_cached,

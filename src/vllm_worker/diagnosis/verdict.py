@@ -2,9 +2,9 @@
 
 One input (`Failure`: the output's tail, the launch profile, the exit code, the steps
 already tried, the weights' size) and one answer (`Diagnosis`). `startup_errors` (what failed
-a start), `shortfall` (the memory messages) and `runtime` (an engine that died while serving)
-compose their sentences the same way (`compose`): the cause, what the worker already tried,
-then the fixes that remain.
+a start), `memory` (the memory messages: a shortfall, memory held by others, the profiling
+race) and `runtime` (an engine that died while serving) compose their sentences the same way
+(`compose`): the cause, what the worker already tried, then the fixes that remain.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from vllm_worker.config.profile import LaunchProfile
+from vllm_worker.config.secrets import mask_text, secret_values
 from vllm_worker.diagnosis.rules import Hit
 
 _GIB = 2**30
@@ -211,27 +212,13 @@ def device_of(ctx: Context) -> str:
 
 # --- secrets ---------------------------------------------------------------------------------
 
-# HF_TOKEN, *_API_KEY, ...; not MAX_NUM_BATCHED_TOKENS or TOKENIZER_NAME.
-_SECRET_NAMES = re.compile(r"(?:^|_)(?:TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIALS?)(?:_|$)", re.IGNORECASE)
-_MIN_SECRET_CHARS = 8
-
-
 def scrubbed(diagnosis: Diagnosis, env: Mapping[str, str]) -> Diagnosis:
-    """The diagnosis with any secret value from the environment masked (argparse echoes arguments)."""
-    secrets = sorted(
-        {v.strip() for k, v in env.items() if _SECRET_NAMES.search(k) and v and len(v.strip()) >= _MIN_SECRET_CHARS},
-        key=len,
-        reverse=True,
-    )
-    if not secrets:
-        return diagnosis
+    """The diagnosis with any secret value from the environment masked (argparse echoes arguments):
+    config.secrets' one rule, the same the logged argv is masked by."""
+    secrets = secret_values(env)
 
     def clean(text: str | None) -> str | None:
-        if text is None:
-            return None
-        for secret in secrets:
-            text = text.replace(secret, "***")
-        return text
+        return mask_text(text, secrets) if text is not None else None
 
     return Diagnosis(
         kind=diagnosis.kind,
@@ -256,7 +243,7 @@ def answer(ctx: Context, kind: str, cause: str, fixes: Sequence[str], *, line: s
 
 
 def answer_shared(ctx: Context, kind: str, sentence: str, *, line: str | None = None, **fields: Any) -> Diagnosis:
-    """`answer` for a cause whose whole sentence is shared with the pre-flight (`hub_messages`):
+    """`answer` for a cause whose whole sentence is shared with the pre-flight (`hub`):
     the same words whichever path found it, then what the worker already tried."""
     evidence = evidence_of(line if line is not None else ctx.hits[-1].line)
     return Diagnosis(kind=kind, message=sentence + tried_sentence(ctx.tried), evidence=evidence, **fields)

@@ -38,7 +38,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Literal, Mapping, Sequence
 
-from vllm_worker.config.profile import DEFAULT_GPU_MEMORY_UTILIZATION, LaunchProfile
+from vllm_worker.config.profile import LaunchProfile
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -130,17 +130,16 @@ class WaitResult:
 
 
 def utilization(profile: LaunchProfile) -> float:
-    """GPU_MEMORY_UTILIZATION, or vLLM's default; a bad value is args_builder's to report."""
-    value = profile.gpu_memory_utilization
-    return value if value is not None and 0 < value <= 1 else DEFAULT_GPU_MEMORY_UTILIZATION
+    """GPU_MEMORY_UTILIZATION, or vLLM's default (the profile's one rule; a bad value is its refusal)."""
+    return profile.utilization
 
 
 def kv_cache_size_set(profile: LaunchProfile, platform: str = "cuda") -> bool:
     """Whether the launch fixes the KV cache size instead of deriving it from the utilization."""
-    if profile.value("KV_CACHE_MEMORY_BYTES") is not None:
+    if profile.kv_cache is not None:
         return True
     # vLLM's CPU platform turns this legacy variable into kv_cache_memory_bytes (platforms/cpu.py:324).
-    return platform == "cpu" and profile.raw("VLLM_CPU_KVCACHE_SPACE") is not None
+    return platform == "cpu" and profile.kv_cache_cpu is not None
 
 
 def need_bytes(total: int, profile: LaunchProfile, platform: str = "cuda") -> int | None:
@@ -164,7 +163,7 @@ def devices_for(profile: LaunchProfile) -> list[Selector]:
     CUDA_DEVICE_ORDER=PCI_BUS_ID on mixed ones), so a visible index is an NVML index.
     """
     count = profile.data_parallel_size * profile.tensor_parallel_size * profile.pipeline_parallel_size
-    raw = profile.raw("CUDA_VISIBLE_DEVICES")
+    raw = profile.written("CUDA_VISIBLE_DEVICES")
     if raw is None:  # vLLM treats an empty value as unset (platforms/interface.py:304)
         return list(range(count))
     visible: list[Selector] = []
@@ -376,7 +375,7 @@ def _memory_node(profile: LaunchProfile, root: str, allowed_cpus: set[int]) -> i
             if line.startswith("Mems_allowed_list:"):
                 mems_allowed = _id_list(line.split(":")[1].strip())
     visible = mems_allowed
-    nodes = profile.raw("CPU_VISIBLE_MEMORY_NODES")
+    nodes = profile.written("CPU_VISIBLE_MEMORY_NODES")
     if "VLLM_CPU_SIM_MULTI_NUMA" not in profile.env and nodes is not None:
         wanted = [int(s) for s in nodes.split(",")]
         visible = [node for node in wanted if node in mems_allowed]

@@ -44,13 +44,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Mapping, Sequence
 
-from vllm_worker.config.settings import multiple_of_8_at_least
 from vllm_worker.config.profile import LaunchProfile
 from vllm_worker.diagnosis.verdict import EAGER_MAX_BATCHED_TOKENS, TRANSIENT_KINDS, Diagnosis, Tried, changes_text
 
 MAX_LAUNCHES = 3
 REVISION_VARIABLES = ("MODEL_REVISION", "REVISION", "TOKENIZER_REVISION", "CODE_REVISION")
-EXTRA_ARGS = "VLLM_EXTRA_ARGS"
 # From this device size vLLM 0.32's default max_num_batched_tokens for the OpenAI server is
 # 16384, above the eager step's cap (engine/arg_utils.py, _set_default_max_num_seqs_and_batched_tokens_args).
 LARGEST_DEFAULT_BATCH_FROM_BYTES = 160 * 2**30
@@ -94,6 +92,7 @@ class Relaunch:
     tried: Tried
     warnings: list[str] = field(default_factory=list)
     wait_for_memory: bool = False
+    step: str = ""  # the ladder's step: "revision", "seqs", "eager", "held", "race", "transient", "context"; each once
 
     @property
     def tried_phrase(self) -> str:
@@ -131,12 +130,6 @@ _SAME_AGAIN: dict[str, tuple[str, str, str, str]] = {
 }
 
 
-@dataclass(frozen=True)
-class _Step:
-    name: str  # "revision", "seqs", "eager", "held", "race", "transient": each is used at most once
-    relaunch: Relaunch
-
-
 def next_launch(
     base_env: Mapping[str, str],
     attempts: Sequence[Attempt],
@@ -145,27 +138,17 @@ def next_launch(
     *,
     device_total_bytes: int | None = None,
 ) -> Relaunch | Stop:
-    """The next launch after `attempts` (all failed, oldest first), or Stop.
-
-    device_total_bytes: the GPU's total memory when known; it decides whether vLLM's default
-    MAX_NUM_BATCHED_TOKENS is above the eager step's cap (None: assume it is not).
-    """
+    """The next launch after `attempts` (all failed, oldest first, the first as configured), or Stop:
+    `Ladder` driven over them, for a caller that has the launches but no ladder."""
     if not attempts:
         raise ValueError("next_launch needs at least one failed attempt")
-    # Which steps produced attempts[1:]: the ladder is deterministic, so replay it.
-    history: list[_Step] = []
-    for done in range(1, len(attempts)):
-        earlier = _plan(attempts[:done], history, max_concurrency, max_launches, device_total_bytes)
-        if isinstance(earlier, _Step):
-            history.append(earlier)
-    plan = _plan(attempts, history, max_concurrency, max_launches, device_total_bytes)
-    if isinstance(plan, Stop):
-        return plan
-    relaunch = plan.relaunch
-    overrides = overrides_against(base_env, relaunch.overrides)
-    # The context length is the user's promise to their clients: never changed behind their back.
-    assert "MAX_MODEL_LEN" not in overrides
-    return replace(relaunch, overrides=overrides)
+    climb = Ladder(
+        LaunchProfile.parse(base_env), max_concurrency, device_total_bytes=device_total_bytes, max_launches=max_launches
+    )
+    step: Relaunch | Stop = Stop("no attempt")
+    for attempt in attempts:
+        step = climb.after_failure(attempt.profile, attempt.diagnosis)
+    return step
 
 
 def overrides_against(base_env: Mapping[str, str], overrides: Mapping[str, str | None]) -> dict[str, str | None]:
@@ -178,21 +161,22 @@ def overrides_against(base_env: Mapping[str, str], overrides: Mapping[str, str |
 
 
 def _plan(
-    attempts: Sequence[Attempt],
-    history: Sequence[_Step],
+    profile: LaunchProfile,
+    diagnosis: Diagnosis | None,
+    launches: int,
+    taken: Sequence[Relaunch],
+    prior: Mapping[str, str | None],
     max_concurrency: int,
     max_launches: int,
     device_total_bytes: int | None,
-) -> _Step | Stop:
-    """The step after `attempts`, given the steps that produced attempts[1:]."""
-    if len(attempts) >= max_launches:
-        return Stop(f"already launched {len(attempts)} times, the most the worker makes")
-    diagnosis = attempts[-1].diagnosis
+) -> Relaunch | Stop:
+    """The step after `profile` failed with `diagnosis`, its `launches`-th launch, given the steps `taken`."""
+    if launches >= max_launches:
+        return Stop(f"already launched {launches} times, the most the worker makes")
     if diagnosis is None:
         return Stop("the failure was not recognised, so no relaunch is known to help")
-    used = {step.name for step in history}
-    prior: dict[str, str | None] = dict(history[-1].relaunch.overrides) if history else {}
-    profile = attempts[-1].profile
+    used = {step.step for step in taken}
+    prior = dict(prior)
 
     if diagnosis.kind == "revision_not_found":
         if "revision" in used:
@@ -203,7 +187,9 @@ def _plan(
         name, stop, reason, how = same_again
         if name in used:
             return Stop(stop.format(kind=diagnosis.kind))
-        return _Step(name, Relaunch(prior, "same", reason.format(kind=diagnosis.kind), Tried(how=how), wait_for_memory=True))
+        return Relaunch(
+            prior, "same", reason.format(kind=diagnosis.kind), Tried(how=how), wait_for_memory=True, step=name
+        )
     if diagnosis.kind == "memory_shortfall":
         if diagnosis.detail in _NOT_FOOTPRINT_FIXABLE:
             return Stop(_NOT_FOOTPRINT_FIXABLE[diagnosis.detail])
@@ -222,13 +208,13 @@ def _plan(
     return Stop(f"{diagnosis.kind}: a relaunch cannot fix this")
 
 
-def _revision_step(profile: LaunchProfile, prior: dict[str, str | None]) -> _Step:
-    pinned = [name for name in REVISION_VARIABLES if profile.raw(name) is not None]
+def _revision_step(profile: LaunchProfile, prior: dict[str, str | None]) -> Relaunch:
+    pinned = [name for name in REVISION_VARIABLES if profile.written(name) is not None]
     overrides = {**prior, **{name: None for name in pinned}}
     if pinned:
         names = ", ".join(pinned)
         warnings = [
-            f"{name}={profile.raw(name)!r} no longer exists on the Hub; relaunching without it, "
+            f"{name}={profile.written(name)!r} no longer exists on the Hub; relaunching without it, "
             f"so the repository's default branch is served"
             for name in pinned
         ]
@@ -238,29 +224,27 @@ def _revision_step(profile: LaunchProfile, prior: dict[str, str | None]) -> _Ste
         warnings = []
         tried = Tried(how="refetch")
         reason = "the revision vLLM resolved vanished during the download; relaunching to resolve it again"
-    return _Step("revision", Relaunch(overrides, "revision_unpinned", reason, tried, warnings=warnings))
+    return Relaunch(overrides, "revision_unpinned", reason, tried, warnings=warnings, step="revision")
 
 
-def _seqs_step(profile: LaunchProfile, prior: dict[str, str | None], max_concurrency: int) -> _Step | None:
-    target = multiple_of_8_at_least(max_concurrency)
+def _seqs_step(profile: LaunchProfile, prior: dict[str, str | None], max_concurrency: int) -> Relaunch | None:
+    target = LaunchProfile.default_max_num_seqs(max_concurrency)
     current = profile.effective_max_num_seqs(max_concurrency)
     if current <= target or "max-num-seqs" in profile.extra_args_flags:
         return None
-    return _Step(
-        "seqs",
-        Relaunch(
-            overrides={**prior, "MAX_NUM_SEQS": str(target)},
-            profile=f"max_num_seqs={target}",
-            reason=(
-                f"out of memory with MAX_NUM_SEQS={current}; relaunching with MAX_NUM_SEQS={target} "
-                f"(enough for MAX_CONCURRENCY={max_concurrency}), CUDA graphs kept"
-            ),
-            tried=Tried({"MAX_NUM_SEQS": str(target)}),
+    return Relaunch(
+        overrides={**prior, "MAX_NUM_SEQS": str(target)},
+        profile=f"max_num_seqs={target}",
+        reason=(
+            f"out of memory with MAX_NUM_SEQS={current}; relaunching with MAX_NUM_SEQS={target} "
+            f"(enough for MAX_CONCURRENCY={max_concurrency}), CUDA graphs kept"
         ),
+        tried=Tried({"MAX_NUM_SEQS": str(target)}),
+        step="seqs",
     )
 
 
-def _eager_step(profile: LaunchProfile, prior: dict[str, str | None], device_total_bytes: int | None) -> _Step | None:
+def _eager_step(profile: LaunchProfile, prior: dict[str, str | None], device_total_bytes: int | None) -> Relaunch | None:
     extra = profile.extra_args_flags
     delta: dict[str, str] = {}
     warnings: list[str] = []
@@ -287,42 +271,14 @@ def _eager_step(profile: LaunchProfile, prior: dict[str, str | None], device_tot
     note = ""
     if "MAX_NUM_BATCHED_TOKENS" not in delta:
         note = f" (MAX_NUM_BATCHED_TOKENS={tokens} kept)" if tokens is not None else " (MAX_NUM_BATCHED_TOKENS left to vLLM's default)"
-    return _Step(
-        "eager",
-        Relaunch(
-            overrides={**prior, **delta},
-            profile="eager",
-            reason=f"out of memory; relaunching with {changed}{note}: less memory, slower replies",
-            tried=Tried(dict(delta)),
-            warnings=warnings,
-        ),
+    return Relaunch(
+        overrides={**prior, **delta},
+        profile="eager",
+        reason=f"out of memory; relaunching with {changed}{note}: less memory, slower replies",
+        tried=Tried(dict(delta)),
+        warnings=warnings,
+        step="eager",
     )
-
-
-def next_after_death(
-    base_env: Mapping[str, str],
-    launch_env: Mapping[str, str],
-    max_concurrency: int,
-    *,
-    device_total_bytes: int | None = None,
-) -> Relaunch | None:
-    """After an out-of-memory death while serving: the ladder's next memory step from the
-    configuration that was serving (fewer sequences with graphs kept, then eager), or None when
-    none is left and the same configuration is relaunched. Steps the startup already took are
-    visible in `launch_env` and change nothing, so they are not taken twice.
-    """
-    prior: dict[str, str | None] = {
-        name: launch_env.get(name)
-        for name in set(base_env) | set(launch_env)
-        if base_env.get(name) != launch_env.get(name)
-    }
-    serving = LaunchProfile.parse(launch_env)
-    step = _seqs_step(serving, prior, max_concurrency) or _eager_step(serving, prior, device_total_bytes)
-    if step is None:
-        return None
-    overrides = overrides_against(base_env, step.relaunch.overrides)
-    assert "MAX_MODEL_LEN" not in overrides
-    return replace(step.relaunch, overrides=overrides)
 
 
 # --- restarts of an engine that died while serving ------------------------------------------
@@ -355,13 +311,25 @@ def restart_budget_phrase(max_restarts: int = MAX_RESTARTS, window_s: float = RE
     return f"{max_restarts} restart{'s' if max_restarts != 1 else ''} within {minutes:g} minutes"
 
 
+@dataclass(frozen=True)
+class Launch:
+    """One failed launch of a ladder: the profile launched, the step that made it (None: as
+    configured) and what its failure was diagnosed as (None: not recognised)."""
+
+    profile: LaunchProfile
+    step: Relaunch | None
+    diagnosis: Diagnosis | None
+
+
 class Ladder:
     """The one ladder driver: where a worker's launches stand, for startup, restarts and the plan.
 
-    base: the user's configuration. After each failed launch `after_failure` says what to launch
-    next (or Stop); after an out-of-memory death `after_death` gives the next memory step from the
-    profile that was serving. `tried` is what the worker did on its own, as data, for the messages;
-    `step` is the relaunch in force (None: as configured).
+    base: the user's configuration. `start_on` takes the capacity plan's first steps (steps
+    taken like any other: in `taken`, in `tried`, never taken again). After each failed launch
+    `after_failure` says what to launch next (or Stop); after an out-of-memory death `after_death`
+    gives the next memory step from the profile that was serving. `tried` is what the worker did
+    on its own, as data, for the messages; `step` is the relaunch in force (None: as configured)
+    and `profile` its launch configuration, made when the step changes.
     """
 
     def __init__(
@@ -378,51 +346,57 @@ class Ladder:
         self.device_total_bytes = device_total_bytes
         self.max_launches = max_launches
         self.memory_wait = memory_wait
-        self.attempts: list[Attempt] = []
+        self.launches: list[Launch] = []  # the failed launches, oldest first
+        self.taken: list[Relaunch] = []  # every step taken, the plan's first ones included
         self.tried: list[Tried] = []
         self.step: Relaunch | None = None
+        self.profile: LaunchProfile = base
 
-    def start_on(self, step: Relaunch | None) -> LaunchProfile:
-        """The first launch: as configured, or on the profile the capacity plan chose."""
-        self.step = step
+    def start_on(self, steps: Relaunch | Sequence[Relaunch] | None) -> LaunchProfile:
+        """The first launch: as configured, or on the profile the capacity plan chose (its steps, in order)."""
+        chosen = [steps] if isinstance(steps, Relaunch) else list(steps or ())
+        for step in chosen:
+            self._take(replace(step, tried=replace(step.tried, how="first_launch")) if step.tried.how == "changed" else step)
         return self.profile
-
-    @property
-    def profile(self) -> LaunchProfile:
-        """The launch configuration in force."""
-        if self.step is None:
-            return self.base
-        return self.base.with_overrides(self.step.profile, self.step.overrides)
 
     def after_failure(self, profile: LaunchProfile, diagnosis: Diagnosis | None) -> Relaunch | Stop:
         """`profile` failed to start with `diagnosis`: the next launch, or Stop."""
-        self.attempts.append(Attempt(env=dict(profile.env), diagnosis=diagnosis))
-        step = next_launch(
-            self.base.env, self.attempts, self.max_concurrency, self.max_launches,
-            device_total_bytes=self.device_total_bytes,
+        self.launches.append(Launch(profile, self.step, diagnosis))
+        prior = self.step.overrides if self.step is not None else {}
+        step = _plan(
+            profile, diagnosis, len(self.launches), self.taken, prior,
+            self.max_concurrency, self.max_launches, self.device_total_bytes,
         )
-        if isinstance(step, Relaunch):
-            self._take(step)
+        if isinstance(step, Stop):
+            return step
+        step = replace(step, overrides=overrides_against(self.base.env, step.overrides))
+        # The context length is the user's promise to their clients: never changed behind their back.
+        assert "MAX_MODEL_LEN" not in step.overrides or "MAX_MODEL_LEN" in prior
+        self._take(step)
         return step
 
     def after_death(self, diagnosis: Diagnosis) -> Relaunch | None:
         """A serving engine died: after a GPU out-of-memory death the next memory step, else None (the same again)."""
         if diagnosis.kind != "runtime_oom" or diagnosis.facts.get("device") == "CPU":
             return None
-        step = next_after_death(
-            self.base.env, self.profile.env, self.max_concurrency, device_total_bytes=self.device_total_bytes
-        )
-        if step is not None:
-            self._take(step)
+        prior = dict(self.step.overrides) if self.step is not None else {}
+        serving = self.profile
+        step = _seqs_step(serving, prior, self.max_concurrency) or _eager_step(serving, prior, self.device_total_bytes)
+        if step is None:
+            return None
+        step = replace(step, overrides=overrides_against(self.base.env, step.overrides))
+        self._take(step)
         return step
 
     def _take(self, step: Relaunch) -> None:
+        self.taken.append(step)
         if step.wait_for_memory and not self.memory_wait:
             self.tried.append(Tried(how="no_wait"))
         else:
             self.tried.append(step.tried)
         if step.profile != "same":
             self.step = step
+            self.profile = self.base.with_overrides(step.profile, step.overrides)
 
     def notice(self) -> dict[str, object] | None:
         """The degraded profile every response names (the handler's `worker` object); None as configured."""

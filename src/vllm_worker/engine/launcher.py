@@ -20,20 +20,15 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Mapping, Sequence
 
-from vllm_worker.config import args_builder
-
-from vllm_worker import capacity
-
-from vllm_worker.engine import ladder
-
+from vllm_worker.config import args_builder, command, secrets
+from vllm_worker.config import settings as settings_mod
+from vllm_worker.config.profile import LaunchProfile
 from vllm_worker.diagnosis import startup_errors
 from vllm_worker.diagnosis.verdict import Diagnosis, Failure, Tried
-from vllm_worker.config import settings as settings_mod
-from vllm_worker.engine import compile_cache
+from vllm_worker.engine import compile_cache, ladder
 from vllm_worker.engine.download_progress import DownloadPlan
 from vllm_worker.engine.process import Engine, command_problem
 from vllm_worker.engine.startup_phases import PhaseClock, phases_line
-from vllm_worker.config.profile import LaunchProfile
 
 log = logging.getLogger("vllm_worker")
 
@@ -90,13 +85,6 @@ def startup_timeout_message(settings: settings_mod.Settings) -> str:
         "and was stopped; if the model is large and still downloading, raise VLLM_STARTUP_TIMEOUT "
         "or bake the model into the image."
     )
-
-
-def capacity_line(tail: str) -> str | None:
-    for line in reversed(tail.splitlines()):
-        if "Maximum concurrency for" in line or "KV cache size:" in line or "GPU KV cache size" in line:
-            return line.split("] ", 1)[-1].strip()
-    return None
 
 
 def launch_failure(
@@ -159,10 +147,9 @@ class Launcher:
     def attempt(self, profile: LaunchProfile, record: dict[str, Any] | None = None, tried: Sequence[Tried] = ()) -> Attempt:
         """Launch `profile` once; the launch record (profile, overrides, `record`'s extras) comes back with it."""
         self.count += 1
-        launch_env = profile.env
         record = {"launch": self.count, "profile": profile.name, "overrides": dict(profile.overrides), **(record or {})}
         try:
-            built = args_builder.build_args(launch_env, self.settings, self.caches.env)
+            built = command.build_args(profile, self.settings, self.caches.env)
         except args_builder.ArgsError as exc:
             return Attempt("fatal", record, message=str(exc))
         for warning in built.warnings:
@@ -181,7 +168,7 @@ class Launcher:
             if problem:
                 record["cause"] = "memory_held"
                 return Attempt("fatal", record, message=problem, served_model_name=built.served_model_name)
-        masked = args_builder.mask(built.argv)
+        masked = secrets.mask(built.argv)
         log.info("launch %d: %s", self.count, masked)
         started = self.clock()
         phase_clock = PhaseClock()
@@ -210,7 +197,7 @@ class Launcher:
             record["outcome"] = "ready"
             result.engine = engine
             worker = self.worker_phases if self.count == 1 else {}
-            cache = phase_clock.cache
+            cache: str | None = phase_clock.cache
             if cache is not None and phase_clock.corrupt_entry is not None:
                 cache += f" (vLLM could not read {phase_clock.corrupt_entry} and compiled it again)"
             log.info("%s", phases_line(self.count, {**worker, **phases}, phases, cache))
@@ -239,8 +226,8 @@ class StartupOutcome:
     served_model_name: str = ""
     profile: dict[str, Any] | None = None
     launches: list[dict[str, Any]] = field(default_factory=list)
-    capacity: str | None = None
-    capacity_plan: dict[str, Any] = field(default_factory=dict)
+    capacity: str | None = None  # the engine's capacity line, from the capacity report (main)
+    capacity_plan: dict[str, Any] = field(default_factory=dict)  # predicted against actual, the same
     launch_env: dict[str, str] = field(default_factory=dict)  # the configuration that became ready
     model_cache: dict[str, str] | None = None  # the on-disk snapshot served, when one was
     warnings: list[str] = field(default_factory=list)  # the launch configuration's warnings, for the status job
@@ -256,26 +243,27 @@ def start_engine(
     settings: settings_mod.Settings,
     supervisor: Supervisor,
     wait_for_memory: MemoryWait | None = None,
-    startup_plan: capacity.StartupPlan | None = None,
+    first_steps: Sequence[ladder.Relaunch] = (),
     device_total_bytes: int | None = None,
     launcher: Launcher | None = None,
 ) -> StartupOutcome:
     """Launch the engine, relaunching per the recovery ladder, until ready or out of options.
 
-    A capacity plan that predicts the configuration cannot fit starts the first launch on
-    the ladder profile it predicts will (`startup_plan.relaunch`), so the ladder's later
-    steps stay available as the safety net.
+    A capacity plan that predicts the configuration cannot fit starts the first launch on the
+    ladder profile it predicts will (`first_steps`, the plan's `StartupPlan.first_steps`): those
+    steps are taken like any other, so the ladder goes on from there and never takes them again.
+    The engine's capacity figures against the plan are the capacity report's, which `main` asks
+    for once the engine is ready (`capacity.ready_engine_report`).
     """
     if launcher is None:
-        weights = startup_plan.predicted.weights_bytes if startup_plan and startup_plan.predicted else None
-        launcher = Launcher(settings, supervisor, wait_for_memory, weights)
+        launcher = Launcher(settings, supervisor, wait_for_memory)
     climb = ladder.Ladder(
         base, settings.max_concurrency, device_total_bytes=device_total_bytes, memory_wait=wait_for_memory is not None
     )
     outcome = StartupOutcome(
         base_env=dict(base.env), launcher=launcher, device_total_bytes=device_total_bytes, climb=climb
     )
-    profile = climb.start_on(startup_plan.relaunch if startup_plan is not None else None)
+    profile = climb.start_on(first_steps)
     while True:
         result = launcher.attempt(profile, tried=climb.tried)
         outcome.served_model_name = result.served_model_name or outcome.served_model_name
@@ -289,9 +277,6 @@ def start_engine(
             assert result.engine is not None
             outcome.engine = result.engine
             outcome.launch_env = dict(profile.env)
-            outcome.capacity = capacity_line(result.engine.tail())
-            if startup_plan is not None:
-                outcome.capacity_plan = capacity_status(startup_plan, profile, result.engine.tail(), settings)
             outcome.profile = climb.notice()
             return outcome
         if result.outcome in ("timeout", "stopped"):
@@ -310,14 +295,3 @@ def start_engine(
         log.warning("relaunching (%s): %s", step.profile, step.reason)
         profile = climb.profile
 
-
-def capacity_status(
-    startup_plan: capacity.StartupPlan, profile: LaunchProfile, tail: str, settings: settings_mod.Settings
-) -> dict[str, Any]:
-    """Predicted against actual capacity, logged once and kept for the status job."""
-    predicted = startup_plan.predict_for(profile)
-    report = capacity.capacity_report(predicted, capacity.parse_engine_capacity(tail), settings.max_concurrency)
-    log.info("%s", report.log_line)
-    for warning in report.warnings:
-        log.warning("%s", warning)
-    return {**startup_plan.status_fields(), **report.status}

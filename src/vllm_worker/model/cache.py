@@ -70,11 +70,11 @@ class CachedModel:
 
 def cache_roots(profile: LaunchProfile) -> list[tuple[str, Path]]:
     """The Hugging Face hub caches to look in, in order: Runpod's, then the one the engine would use."""
-    roots = [("Runpod model cache", Path(profile.raw(RUNPOD_CACHE_VARIABLE) or RUNPOD_CACHE))]
-    hub = profile.raw("HF_HUB_CACHE") or profile.raw("HUGGINGFACE_HUB_CACHE")
+    roots = [("Runpod model cache", Path(profile.written(RUNPOD_CACHE_VARIABLE) or RUNPOD_CACHE))]
+    hub = profile.written("HF_HUB_CACHE") or profile.written("HUGGINGFACE_HUB_CACHE")
     if not hub:
-        cache_home = profile.raw("XDG_CACHE_HOME") or os.path.join(profile.raw("HOME") or "~", ".cache")
-        hub = os.path.join(profile.raw("HF_HOME") or os.path.join(cache_home, "huggingface"), "hub")
+        cache_home = profile.written("XDG_CACHE_HOME") or os.path.join(profile.written("HOME") or "~", ".cache")
+        hub = os.path.join(profile.written("HF_HOME") or os.path.join(cache_home, "huggingface"), "hub")
     path = Path(hub).expanduser()
     if all(path != root for _, root in roots):
         roots.append(("HF_HUB_CACHE", path))

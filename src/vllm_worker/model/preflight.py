@@ -28,11 +28,11 @@ import os
 import ssl
 import time
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Sequence, cast
 
-from vllm_worker.config.env import EXTRA_ARGS, shell_words
 from vllm_worker.config.profile import LaunchProfile
-from vllm_worker.diagnosis.hub_messages import (
+from vllm_worker.config.secrets import mask_text
+from vllm_worker.diagnosis.hub import (
     gated_repo_message,
     model_path_missing_message,
     repo_not_found_message,
@@ -133,15 +133,13 @@ def should_skip(profile: LaunchProfile) -> str | None:
         return "VLLM_USE_MODELSCOPE is set: the model comes from ModelScope, not the Hub"
     if profile.config_file is not None:
         return f"{profile.config_file} is set: the launched model comes from a config file"
-    extra = profile.raw(EXTRA_ARGS)
-    if extra is not None:
-        words = shell_words(extra)
-        if words is None:
-            return "VLLM_EXTRA_ARGS cannot be parsed, so what is launched is unknown"
-        for word in words:
-            flag = word.split("=", 1)[0]
-            if flag in _REFERENCE_FLAGS:
-                return f"VLLM_EXTRA_ARGS sets {flag}: the launched model may not be MODEL_NAME"
+    words = profile.extra_args_words
+    if words is None:
+        return "VLLM_EXTRA_ARGS cannot be parsed, so what is launched is unknown"
+    for word in words:
+        flag = word.split("=", 1)[0]
+        if flag in _REFERENCE_FLAGS:
+            return f"VLLM_EXTRA_ARGS sets {flag}: the launched model may not be MODEL_NAME"
     model = profile.model
     if model is None:
         return "MODEL_NAME is not set"
@@ -339,7 +337,7 @@ def run(
         try:
             result.calls += 1
             info = api.model_info(
-                target.repo, revision=target.revision, timeout=timeout, expand=fields, token=token or False
+                target.repo, revision=target.revision, timeout=timeout, expand=cast(Any, fields), token=token or False
             )
             if index == 0:
                 result.model_info_summary = _summary(target, info)
@@ -348,9 +346,9 @@ def run(
                 _auth_check(endpoint, target.repo, token, timeout)
         except Exception as exc:  # noqa: BLE001 - every failure is classified; none may crash the boot
             kind, definitive = classify_hub_error(exc)
-            message = failure_message(kind, target, token_set=token is not None) if definitive else None
-            if message is not None:
-                return _failed(result, kind, message, started)
+            refusal = failure_message(kind, target, token_set=token is not None) if definitive else None
+            if refusal is not None:
+                return _failed(result, kind, refusal, started)
             warning = _scrub(
                 f"Model pre-flight could not check {target.repo_variable}={target.repo!r} on the Hub "
                 f"({kind}: {_describe(exc)}); starting vLLM anyway.",
@@ -392,4 +390,5 @@ def _summary(target: Target, info: object) -> ModelSummary:
 
 
 def _scrub(text: str, token: str | None) -> str:
-    return text.replace(token, "***") if token else text
+    """The one secrets rule (config.secrets), with the token the pre-flight used."""
+    return mask_text(text, [token]) if token else text

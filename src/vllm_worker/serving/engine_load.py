@@ -166,10 +166,10 @@ def advice(previous: Sample | None, current: Sample, profile: LaunchProfile, max
         f"KV cache {current.kv_cache_usage:.0%} used, {current.running} running, {current.waiting} waiting, "
         f"{current.preemptions} preemptions since the engine started"
     )
-    seqs = profile.value("MAX_NUM_SEQS") or "the worker's default"
-    length = profile.value("MAX_MODEL_LEN") or "the model's"
-    dtype = profile.value("KV_CACHE_DTYPE") or "auto"
-    tp = profile.value("TENSOR_PARALLEL_SIZE") or "1"
+    seqs = profile.max_num_seqs or "the worker's default"
+    length = profile.max_model_len or "the model's"
+    dtype = profile.kv_cache_dtype
+    tp = profile.tensor_parallel_size
     helps = (
         f"fewer sequences at once (MAX_NUM_SEQS, now {seqs}, and MAX_CONCURRENCY, now {max_concurrency}), "
         f"a shorter MAX_MODEL_LEN (now {length}), KV_CACHE_DTYPE=fp8 (now {dtype}), or more memory for the "

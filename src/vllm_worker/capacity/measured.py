@@ -12,12 +12,19 @@ wording is read too, since the calibration boots use it.
 
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vllm_worker.capacity.memory_budget import Plan
 from vllm_worker.capacity.model_facts import GiB
+from vllm_worker.config.profile import LaunchProfile
+
+if TYPE_CHECKING:
+    from vllm_worker.capacity.first_launch import StartupPlan
+
+log = logging.getLogger("vllm_worker")
 
 GAP_WARNING = 0.05  # relative KV-token gap that is worth a report
 
@@ -197,3 +204,26 @@ def capacity_report(predicted: Plan | None, actual: EngineCapacity | None, max_c
             f"set KV_CACHE_DTYPE=fp8, or give vLLM more GPU memory"
         )
     return CapacityReport(line, warnings, status)
+
+
+def capacity_line(tail: str) -> str | None:
+    """The engine's own capacity line ("Maximum concurrency for ...", "KV cache size: ..."), last first."""
+    for line in reversed(tail.splitlines()):
+        if "Maximum concurrency for" in line or "KV cache size:" in line or "GPU KV cache size" in line:
+            return line.split("] ", 1)[-1].strip()
+    return None
+
+
+def ready_engine_report(
+    startup_plan: "StartupPlan | None", profile: LaunchProfile, tail: str, max_concurrency: int
+) -> tuple[str | None, dict[str, Any]]:
+    """A ready engine's capacity: its own line, and predicted against actual for the profile that
+    became ready (logged once, kept for the status job; empty without a plan)."""
+    line = capacity_line(tail)
+    if startup_plan is None:
+        return line, {}
+    report = capacity_report(startup_plan.predict_for(profile), parse_engine_capacity(tail), max_concurrency)
+    log.info("%s", report.log_line)
+    for warning in report.warnings:
+        log.warning("%s", warning)
+    return line, {**startup_plan.status_fields(), **report.status}

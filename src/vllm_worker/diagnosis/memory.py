@@ -9,21 +9,18 @@ already relaunched with, so each is answered with its own figures and only the k
 from __future__ import annotations
 
 import re
-from typing import Sequence
 
 from vllm_worker.config.profile import (
     CPU_KV_SPACE,
-    DEFAULT_GPU_MEMORY_UTILIZATION,
     EXTRA_ARGS_NAME,
     KvCacheSize,
     LaunchProfile,
 )
-from vllm_worker.config.settings import multiple_of_8_at_least
 from vllm_worker.diagnosis.verdict import (
-    Context,
-    Diagnosis,
     EAGER_MAX_BATCHED_TOKENS,
     HIGHEST_ADVISED_UTILIZATION,
+    Context,
+    Diagnosis,
     answer,
     changed,
     device_of,
@@ -51,7 +48,7 @@ def _knob_fixes(ctx: Context, observed_seqs: int | None = None) -> list[str]:
     fixes: list[str] = []
     knobs = ctx.profile
     max_concurrency = knobs.max_concurrency
-    target = multiple_of_8_at_least(max_concurrency)
+    target = LaunchProfile.default_max_num_seqs(max_concurrency)
     seqs = knobs.effective_max_num_seqs()
     if observed_seqs is not None and knobs.max_num_seqs is None:
         seqs = observed_seqs
@@ -66,13 +63,8 @@ def _knob_fixes(ctx: Context, observed_seqs: int | None = None) -> list[str]:
     return fixes
 
 
-def utilization_of(profile: LaunchProfile) -> float:
-    value = profile.gpu_memory_utilization
-    return value if value is not None else DEFAULT_GPU_MEMORY_UTILIZATION
-
-
 def _raise_utilization_fix(profile: LaunchProfile) -> list[str]:
-    current = utilization_of(profile)
+    current = profile.utilization
     if current < HIGHEST_ADVISED_UTILIZATION:
         return [f"raise GPU_MEMORY_UTILIZATION from {current:g} to {HIGHEST_ADVISED_UTILIZATION:g}"]
     return []
@@ -93,7 +85,7 @@ def _hardware_fix(profile: LaunchProfile, device: str) -> str:
 
 
 def _context_description(ctx: Context, model_len: str | None) -> str:
-    explicit = ctx.profile.raw("MAX_MODEL_LEN")
+    explicit = ctx.profile.written("MAX_MODEL_LEN")
     if explicit is not None and explicit not in ("0", "-1") and explicit.lower() != "auto":
         return f"MAX_MODEL_LEN={explicit}"
     if model_len:
@@ -302,8 +294,9 @@ def _room_outside_kv_fix(profile: LaunchProfile, kv: KvCacheSize | None) -> str:
         now = f" (now {kv.value})" if kv.value is not None else ""
         name = "--kv-cache-memory-bytes in VLLM_EXTRA_ARGS" if kv.variable == EXTRA_ARGS_NAME else kv.variable
         return f"lower {name}{now} to leave more room outside the KV cache"
-    current = utilization_of(profile)
-    return f"lower GPU_MEMORY_UTILIZATION from {current:g} to {max(0.5, round(current - 0.05, 2)):g} to leave more room outside the KV cache"
+    current = profile.utilization
+    lower = max(0.5, round(current - 0.05, 2))
+    return f"lower GPU_MEMORY_UTILIZATION from {current:g} to {lower:g} to leave more room outside the KV cache"
 
 
 # --- memory held / profiling race ---------------------------------------------------

@@ -15,14 +15,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
 
-from vllm_worker.engine import ladder
-from vllm_worker.diagnosis.verdict import Diagnosis, Tried
 from vllm_worker.capacity.gpus import CARDS
 from vllm_worker.capacity.kv_cache import kv_bytes_per_token
 from vllm_worker.capacity.memory_budget import MIN_USEFUL_CONTEXT, Plan, fmt_gib, fmt_tokens, plan, weights_bytes
 from vllm_worker.capacity.model_facts import (
-    GiB,
     CapacityError,
+    GiB,
     ModelFacts,
     facts_from_cache,
     facts_from_config,
@@ -30,8 +28,11 @@ from vllm_worker.capacity.model_facts import (
     facts_from_hub,
 )
 from vllm_worker.capacity.plan_report import summary_line
-from vllm_worker.capacity.plan_settings import cpu_has_amx, knobs_for, knobs_from_env
-from vllm_worker.config.profile import LaunchProfile, apply_overrides
+from vllm_worker.capacity.plan_settings import cpu_has_amx, knobs_for
+from vllm_worker.config.profile import LaunchProfile
+from vllm_worker.config.secrets import mask_text, secret_values
+from vllm_worker.diagnosis.verdict import Diagnosis, Tried
+from vllm_worker.engine import ladder
 
 
 @dataclass
@@ -41,6 +42,7 @@ class FitDecision:
     status: str  # "as_configured" | "profile" | "cannot_fit" | "unknown"
     overrides: dict[str, str | None] = field(default_factory=dict)
     relaunch: Any = None  # ladder.Relaunch for the chosen profile (None when as configured)
+    steps: list[Any] = field(default_factory=list)  # the ladder steps that make it, in order (each a step taken)
     not_fitting: list[str] = field(default_factory=list)  # ladder profiles predicted not to fit (for the log)
     plan: Plan | None = None  # the plan of the configuration that will be launched
     configured: Plan | None = None  # the plan as configured
@@ -67,14 +69,12 @@ def fit_profile(
     else "cannot_fit" with the figures and the fixes. An explicit MAX_MODEL_LEN is never
     lowered, and every explicit setting a profile changes is named in a warning.
     """
-    def plan_for(launch_env: Mapping[str, str]) -> Plan:
-        knobs = knobs_from_env(
-            launch_env, max_concurrency=max_concurrency, device_name=device_name, compile_cache=compile_cache
-        )
+    def plan_for(launch: LaunchProfile) -> Plan:
+        knobs = knobs_for(launch, max_concurrency=max_concurrency, device_name=device_name, compile_cache=compile_cache)
         return plan(facts, device_total_bytes, knobs, max_concurrency=max_concurrency)
 
     env = profile.env
-    configured = plan_for(env)
+    configured = plan_for(profile)
     decision = FitDecision(status="as_configured", plan=configured, configured=configured)
     if configured.verdict != "does_not_fit":
         return decision
@@ -83,27 +83,28 @@ def fit_profile(
     shortfall = Diagnosis(kind="memory_shortfall", message="predicted", evidence="capacity plan", detail="kv_too_small")
     climb = ladder.Ladder(profile, max_concurrency, device_total_bytes=device_total_bytes)
     launch = profile
-    candidates: list[tuple[Any, Mapping[str, str], Plan]] = []
+    candidates: list[tuple[Any, LaunchProfile, Plan]] = []
+    steps: dict[int, list[Any]] = {}  # id(step) -> the steps taken up to it
     while True:
         step = climb.after_failure(launch, shortfall)
         if isinstance(step, ladder.Stop):
             break
         launch = climb.profile
-        launch_env = launch.env
-        candidate = plan_for(launch_env)
-        candidates.append((step, launch_env, candidate))
+        candidate = plan_for(launch)
+        candidates.append((step, launch, candidate))
+        steps[id(step)] = list(climb.taken)
         if candidate.verdict != "does_not_fit":
             break
 
     chosen = next(((s, e, p) for s, e, p in candidates if p.verdict == "fits"), None)
     chosen = chosen or next(((s, e, p) for s, e, p in candidates if p.verdict == "too_close_to_call"), None)
-    explicit_len = profile.value("MAX_MODEL_LEN") is not None
+    explicit_len = profile.max_model_len is not None
     if chosen is None and fit_context and not explicit_len and not configured.problems:
         base_step = candidates[0][0] if candidates and candidates[0][0].profile.startswith("max_num_seqs") else None
         overrides = dict(base_step.overrides) if base_step else {}
         overrides["MAX_MODEL_LEN"] = "auto"
-        auto_env = apply_overrides(env, overrides)
-        auto_plan = plan_for(auto_env)
+        auto = profile.with_overrides("context_auto", overrides)
+        auto_plan = plan_for(auto)
         # vLLM fits the context to the memory it measures, so a first boot's compile only shortens it:
         # the central prediction decides, and the warning gives the band.
         if auto_plan.verdict != "does_not_fit" and auto_plan.max_model_len_fits >= min(MIN_USEFUL_CONTEXT, facts.max_context):
@@ -116,6 +117,7 @@ def fit_profile(
                     f"(predicted about {auto_plan.max_model_len} tokens)"
                 ),
                 tried=Tried({"MAX_MODEL_LEN": "auto"}, how="first_launch"),
+                step="context",
                 warnings=[
                     f"MAX_MODEL_LEN is not set and the model's full {facts.max_context}-token context does not fit "
                     f"on this GPU: launching with MAX_MODEL_LEN=auto (about {auto_plan.max_model_len} tokens predicted, "
@@ -123,7 +125,8 @@ def fit_profile(
                     f"set MAX_MODEL_LEN to choose the context yourself"
                 ],
             )
-            chosen = (context, auto_env, auto_plan)
+            chosen = (context, auto, auto_plan)
+            steps[id(context)] = [base_step, context] if base_step else [context]
 
     decision.not_fitting = [s.profile for s, _, p in candidates if p.verdict == "does_not_fit"]
     if chosen is None:
@@ -134,14 +137,15 @@ def fit_profile(
             facts, configured, best, profile, max_concurrency=max_concurrency, device_name=device_name
         )
         return decision
-    step, launch_env, chosen_plan = chosen
+    step, _, chosen_plan = chosen
     decision.status = "profile"
     decision.relaunch = step
+    decision.steps = steps[id(step)]
     decision.overrides = ladder.overrides_against(env, step.overrides)
     decision.plan = chosen_plan
     decision.warnings = list(step.warnings)
     for name, value in decision.overrides.items():
-        before = profile.raw(name)
+        before = profile.written(name)
         if before is not None and value is not None and before != value:
             line = (
                 f"{name}={before} is OVERRIDDEN to {value} for the first launch: the capacity plan predicts the "
@@ -167,7 +171,7 @@ def cannot_fit_message(
     device = f"{fmt_gib(configured.device_total_bytes)} GiB GPU"
     if configured.gpus > 1:
         device = f"{configured.gpus} x {fmt_gib(configured.device_total_bytes)} GiB GPUs"
-    explicit_len = profile.value("MAX_MODEL_LEN") is not None
+    explicit_len = profile.max_model_len is not None
     weights_only = best.weights_bytes + best.non_torch_bytes + best.activation_bytes >= (best.requested_bytes or 0)
     fixes: list[str]
     if configured.problems:
@@ -207,14 +211,16 @@ def _hardware_fixes(
     explicit_len: bool,
 ) -> list[str]:
     """More GPUs or a larger card that hold the weights and a useful context (MAX_MODEL_LEN=auto when unset)."""
-    launch = dict(profile.env)
-    if not explicit_len:
-        launch["MAX_MODEL_LEN"] = "auto"
+    context: dict[str, str | None] = {} if explicit_len else {"MAX_MODEL_LEN": "auto"}
     want = min(MIN_USEFUL_CONTEXT, facts.max_context)
+    launches: dict[tuple[tuple[str, str], ...], LaunchProfile] = {}
 
     def fits(extra: Mapping[str, str], total: int | None) -> Plan | None:
+        key = tuple(sorted(extra.items()))
+        if key not in launches:  # one profile per configuration, whichever card it is planned on
+            launches[key] = profile.with_overrides(profile.name, {**context, **extra})
         try:
-            knobs = knobs_from_env({**launch, **extra}, max_concurrency=max_concurrency, device_name=device_name)
+            knobs = knobs_for(launches[key], max_concurrency=max_concurrency, device_name=device_name)
             p = plan(facts, total, knobs, with_changes=False)
         except CapacityError:
             return None
@@ -252,6 +258,7 @@ class StartupPlan:
     fatal_message: str | None = None
     predicted: Plan | None = None  # the plan of what will be launched
     relaunch: Any = None  # ladder.Relaunch when a ladder profile was chosen
+    first_steps: list[Any] = field(default_factory=list)  # the ladder steps the first launch takes, in order
     facts: ModelFacts | None = None
     device_total_bytes: int | None = None
     device_name: str | None = None
@@ -341,8 +348,7 @@ def startup_plan(
         )
     except Exception as exc:  # noqa: BLE001 - a plan must never block the boot
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        if profile.hf_token:
-            reason = reason.replace(profile.hf_token, "***")
+        reason = mask_text(reason, secret_values(profile.env))
         return StartupPlan(status="unknown", log_line=f"capacity plan unavailable ({reason}); launching as configured")
     assert decision.plan is not None
     line = summary_line(decision.plan)
@@ -363,6 +369,7 @@ def startup_plan(
         fatal_message=decision.fatal_message,
         predicted=decision.plan,
         relaunch=decision.relaunch,
+        first_steps=decision.steps,
         facts=facts,
         device_total_bytes=device_total_bytes,
         device_name=device_name,
