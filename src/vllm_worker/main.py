@@ -40,7 +40,7 @@ from vllm_worker.serving import engine_load, fresh_machine
 from vllm_worker.serving import platform as runpod_glue
 from vllm_worker.config import settings as settings_mod
 from vllm_worker.config.profile import LaunchProfile
-from vllm_worker.engine import compile_cache
+from vllm_worker.engine import compile_cache, machine_checks
 from vllm_worker.engine.download_progress import DownloadPlan, expected_bytes, repo_folder
 from vllm_worker.engine.launcher import Launcher, MemoryWait, StartupOutcome, Supervisor, start_engine
 from vllm_worker.engine.monitor import EngineMonitor
@@ -216,6 +216,20 @@ def _startup(
     except args_builder.ArgsError as exc:
         return StartupOutcome(fatal=str(exc))
     profile = LaunchProfile.parse(env)
+    # The machine's memory and GPUs, while they are still the machine's (the SDK's checks never run).
+    needed = profile.data_parallel_size * profile.tensor_parallel_size * profile.pipeline_parallel_size
+    checks = machine_checks.before_preflight(env, needed, settings.engine_device)
+    failed = _report_checks(checks)
+    if failed is not None:
+        return failed
+    volume = os.path.ismount(settings.base_path)
+    if not volume:
+        log.info(
+            "BASE_PATH=%s is not a network volume (%s): the worker asks for no fresh worker, and the engine's "
+            "compile caches and the warm mark stay in the container",
+            settings.base_path,
+            fresh_machine.not_a_volume(settings.base_path),
+        )
     cached = model_cache.lookup(profile)
     caches = compile_cache.prepare(settings.base_path, env, built.argv, str(cached.snapshot) if cached else None)
     if caches.warning:
@@ -272,6 +286,12 @@ def _startup(
             repo_folder(hub_cache, summary.repo),
             expected_bytes(summary.safetensors_parameters),
         )
+        if cached is None:
+            where = "the network volume at BASE_PATH" if volume and _under(download.folder, settings.base_path) else "the container disk"
+            checks.append(machine_checks.disk_for_download(download.folder, download.total, where))
+            failed = _report_checks(checks[-1:])
+            if failed is not None:
+                return failed
     launcher = Launcher(
         settings,
         supervisor,
@@ -284,6 +304,25 @@ def _startup(
     outcome = start_engine(profile, settings, supervisor, waiter, plan, total, launcher=launcher)
     outcome.model_cache = cached.status() if cached else None
     return outcome
+
+
+def _report_checks(checks: list[machine_checks.Check]) -> StartupOutcome | None:
+    """Log what each check found (and hand the lines to the SDK glue); the failure to answer jobs with, if any."""
+    for check in checks:
+        (log.info if check.ok else log.error)("%s", check.log_line())
+    runpod_glue.record_machine_checks([f"{c.name}: {'ok' if c.ok else 'failed'}" for c in checks])
+    failed = machine_checks.first_failure(checks)
+    if failed is None:
+        return None
+    kind = machine_checks.GPU_FAULT_KIND if failed.fresh_machine else f"machine_check_{failed.name}"
+    return StartupOutcome(fatal=failed.failure, cause=kind)
+
+
+def _under(folder: Path, base_path: str) -> bool:
+    try:
+        return folder.resolve().is_relative_to(Path(base_path).resolve())
+    except OSError:
+        return False
 
 
 def memory_waiter(settings: settings_mod.Settings) -> MemoryWait | None:

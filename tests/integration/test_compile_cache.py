@@ -5,18 +5,26 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
-from tests.support.volumes import full_volume, read_only_volume
+from tests.support.volumes import full_volume, network_volume, read_only_volume
 from vllm_worker.engine import compile_cache
+
+@pytest.fixture
+def volume(tmp_path: Path) -> Iterator[Path]:
+    """A filesystem mounted where BASE_PATH points, as a network volume is."""
+    with network_volume(tmp_path / "volume") as mounted:
+        yield mounted
+
 
 ARGV = ["vllm", "serve", "org/model", "--host", "127.0.0.1", "--port", "8001", "--max-model-len", "512"]
 
 
-def test_a_mounted_volume_takes_the_caches_the_user_did_not_set(tmp_path: Path) -> None:
-    setup = compile_cache.prepare(str(tmp_path), {"TRITON_CACHE_DIR": "/mine"}, ARGV)
-    root = tmp_path / "engine-cache"
+def test_a_mounted_volume_takes_the_caches_the_user_did_not_set(volume: Path) -> None:
+    setup = compile_cache.prepare(str(volume), {"TRITON_CACHE_DIR": "/mine"}, ARGV)
+    root = volume / "engine-cache"
     assert setup.root == root and setup.warning is None
     assert setup.env == {
         "VLLM_CACHE_ROOT": f"{root}/vllm",
@@ -31,27 +39,36 @@ def test_no_volume_leaves_the_container_defaults(tmp_path: Path) -> None:
     assert setup.root is None and setup.env == {} and setup.expected == "unknown" and setup.warning is None
 
 
-def test_a_ready_start_marks_its_configuration_warm_whatever_its_port(tmp_path: Path) -> None:
+def test_a_folder_that_is_not_a_mount_is_no_volume_even_with_a_warm_mark_in_it(tmp_path: Path) -> None:
+    """The image's HF_HOME lies under BASE_PATH, so a download makes BASE_PATH a folder of the container."""
+    marks = tmp_path / compile_cache.CACHE_FOLDER / compile_cache.MARKS_FOLDER
+    marks.mkdir(parents=True)
+    (marks / compile_cache.fingerprint(ARGV)).write_text("ready\n")
     setup = compile_cache.prepare(str(tmp_path), {}, ARGV)
+    assert setup.root is None and setup.env == {} and setup.expected == "unknown" and setup.warning is None
+
+
+def test_a_ready_start_marks_its_configuration_warm_whatever_its_port(volume: Path) -> None:
+    setup = compile_cache.prepare(str(volume), {}, ARGV)
     compile_cache.record_ready(setup, ARGV, None)  # an eager start compiled nothing: no mark
-    assert compile_cache.prepare(str(tmp_path), {}, ARGV).expected == "cold"
+    assert compile_cache.prepare(str(volume), {}, ARGV).expected == "cold"
     compile_cache.record_ready(setup, ARGV, "cold")
     other_port = [*ARGV[:-3], "9009", *ARGV[-2:]]
-    assert compile_cache.prepare(str(tmp_path), {}, other_port).expected == "warm"
+    assert compile_cache.prepare(str(volume), {}, other_port).expected == "warm"
     other_config = [*ARGV[:-1], "1024"]
-    assert compile_cache.prepare(str(tmp_path), {}, other_config).expected == "cold"
+    assert compile_cache.prepare(str(volume), {}, other_config).expected == "cold"
     # Served from a snapshot on the volume, vLLM keys its cache on the snapshot folder: another key.
-    snapshot = str(tmp_path / "hub" / "models--org--model" / "snapshots" / ("a" * 40))
-    offline = compile_cache.prepare(str(tmp_path), {}, ARGV, snapshot)
+    snapshot = str(volume / "hub" / "models--org--model" / "snapshots" / ("a" * 40))
+    offline = compile_cache.prepare(str(volume), {}, ARGV, snapshot)
     assert offline.expected == "cold"
     compile_cache.record_ready(offline, ARGV, "cold")
-    assert compile_cache.prepare(str(tmp_path), {}, ARGV, snapshot).expected == "warm"
+    assert compile_cache.prepare(str(volume), {}, ARGV, snapshot).expected == "warm"
 
 
 def test_a_torn_vllm_compile_index_is_removed_before_the_launch_with_one_line(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    volume: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    rank = tmp_path / "engine-cache" / "vllm" / "torch_compile_cache" / "0a1b" / "rank_0_0"
+    rank = volume / "engine-cache" / "vllm" / "torch_compile_cache" / "0a1b" / "rank_0_0"
     whole = rank / "backbone" / "vllm_compile_cache.py"
     torn = rank / "eagle_head" / "vllm_compile_cache.py"
     whole.parent.mkdir(parents=True)
@@ -60,7 +77,7 @@ def test_a_torn_vllm_compile_index_is_removed_before_the_launch_with_one_line(
     whole.write_text(index)
     torn.write_text(index[: len(index) // 2])
     with caplog.at_level(logging.INFO, logger="vllm_worker"):
-        setup = compile_cache.prepare(str(tmp_path), {}, ARGV)
+        setup = compile_cache.prepare(str(volume), {}, ARGV)
     assert setup.repaired == [str(torn)]
     assert whole.exists() and not torn.exists()
     lines = [r.getMessage() for r in caplog.records if "torn" in r.getMessage()]

@@ -12,7 +12,8 @@ from vllm_worker.serving import fresh_machine
 CAUSE = "vLLM failed to start because of a fault in the GPU driver or CUDA setup of this machine, not in the settings: x."
 
 
-@pytest.mark.parametrize("kind", sorted(fresh_machine.FRESH_MACHINE_KINDS))
+# Written out, not read from FRESH_MACHINE_KINDS: a kind dropped from the set must fail here.
+@pytest.mark.parametrize("kind", ["host_fault", "memory_held", "profiling_race", "gpu_check"])
 def test_a_fault_of_the_machine_asks_for_a_fresh_worker_below_the_bound(kind: str) -> None:
     decision = fresh_machine.decide(CAUSE, kind, recent=1, limit=3, base_path="/v")
     assert decision.refresh is True
@@ -64,8 +65,39 @@ def test_the_ledger_never_creates_the_volumes_mount_point(tmp_path: Path) -> Non
 
 def test_answer_asks_the_platform_only_when_it_recorded_a_fresh_worker(tmp_path: Path) -> None:
     asked: list[bool] = []
-    first = fresh_machine.answer(CAUSE, "host_fault", 1, str(tmp_path), lambda: asked.append(True))
-    second = fresh_machine.answer(CAUSE, "host_fault", 1, str(tmp_path), lambda: asked.append(True))
-    config = fresh_machine.answer(CAUSE, "bad_arguments", 1, str(tmp_path), lambda: asked.append(True))
+    volume = lambda path: path == str(tmp_path)  # noqa: E731 - BASE_PATH is a mount point
+    first = fresh_machine.answer(CAUSE, "host_fault", 1, str(tmp_path), lambda: asked.append(True), volume)
+    second = fresh_machine.answer(CAUSE, "host_fault", 1, str(tmp_path), lambda: asked.append(True), volume)
+    config = fresh_machine.answer(CAUSE, "bad_arguments", 1, str(tmp_path), lambda: asked.append(True), volume)
     assert (first.refresh, second.refresh, config.refresh) == (True, False, False)
     assert asked == [True]
+
+
+def test_a_folder_at_base_path_that_is_not_a_mount_is_no_volume_and_nothing_is_counted_there(tmp_path: Path) -> None:
+    """The image's HF_HOME lies under BASE_PATH: a download creates the folder on the container's disk."""
+    asked: list[bool] = []
+    decision = fresh_machine.answer(CAUSE, "host_fault", 3, str(tmp_path), lambda: asked.append(True))
+    assert decision.refresh is False and asked == []
+    assert f"BASE_PATH={tmp_path}" in decision.sentence and "not a mounted volume" in decision.sentence
+    assert not (tmp_path / fresh_machine.STATE_FOLDER).exists()
+
+
+def test_two_workers_recording_at_once_count_each_other(tmp_path: Path) -> None:
+    """The ledger's lock: read and write under one flock, so concurrent writers never lose a stamp."""
+    import multiprocessing
+
+    ledger = fresh_machine.Ledger(str(tmp_path))
+    ledger.dir.mkdir()
+    context = multiprocessing.get_context("fork")
+    workers = [context.Process(target=_record_many, args=(str(tmp_path), 25)) for _ in range(4)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(60)
+    assert len(json.loads(ledger.path.read_text())["fresh_workers"]) == 100
+
+
+def _record_many(base_path: str, times: int) -> None:
+    ledger = fresh_machine.Ledger(base_path)
+    for _ in range(times):
+        ledger.record_if_below(1000, "host_fault")
