@@ -251,6 +251,22 @@ def _startup(
         log.error("pre-flight: %s", result.message)
         return StartupOutcome(fatal=result.message, model_cache=cached.status() if cached else None)
     phases["preflight"] = round(time.monotonic() - step, 2)
+    # The disk where the download goes, now that the pre-flight knows the model's size.
+    summary = result.model_info_summary
+    download = None
+    if result.skipped_reason is None and summary is not None:
+        hub_cache = model_cache.cache_roots(profile)[-1][1]
+        download = DownloadPlan(
+            summary.repo,
+            repo_folder(hub_cache, summary.repo),
+            expected_bytes(summary.safetensors_parameters),
+        )
+        if cached is None:
+            where = "the network volume at BASE_PATH" if volume and _under(download.folder, settings.base_path) else "the container disk"
+            checks.append(machine_checks.disk_for_download(download.folder, download.total, where))
+            failed = _report_checks(checks, len(checks) - 1)
+            if failed is not None:
+                return failed
     step = time.monotonic()
 
     devices = gpu_memory.probe(profile, cast(gpu_memory.Platform, settings.engine_device))
@@ -277,21 +293,6 @@ def _startup(
     waiter = memory_waiter(settings)
     if waiter is None:
         log.info("GPU_MEMORY_WAIT=false: every launch starts without waiting for memory")
-    summary = result.model_info_summary
-    download = None
-    if result.skipped_reason is None and summary is not None:
-        hub_cache = model_cache.cache_roots(profile)[-1][1]
-        download = DownloadPlan(
-            summary.repo,
-            repo_folder(hub_cache, summary.repo),
-            expected_bytes(summary.safetensors_parameters),
-        )
-        if cached is None:
-            where = "the network volume at BASE_PATH" if volume and _under(download.folder, settings.base_path) else "the container disk"
-            checks.append(machine_checks.disk_for_download(download.folder, download.total, where))
-            failed = _report_checks(checks[-1:])
-            if failed is not None:
-                return failed
     launcher = Launcher(
         settings,
         supervisor,
@@ -306,12 +307,12 @@ def _startup(
     return outcome
 
 
-def _report_checks(checks: list[machine_checks.Check]) -> StartupOutcome | None:
-    """Log what each check found (and hand the lines to the SDK glue); the failure to answer jobs with, if any."""
-    for check in checks:
+def _report_checks(checks: list[machine_checks.Check], new: int = 0) -> StartupOutcome | None:
+    """Log what the checks from `new` on found (and hand all to the SDK glue); the failure to answer jobs with, if any."""
+    for check in checks[new:]:
         (log.info if check.ok else log.error)("%s", check.log_line())
     runpod_glue.record_machine_checks([f"{c.name}: {'ok' if c.ok else 'failed'}" for c in checks])
-    failed = machine_checks.first_failure(checks)
+    failed = machine_checks.first_failure(checks[new:])
     if failed is None:
         return None
     kind = machine_checks.GPU_FAULT_KIND if failed.fresh_machine else f"machine_check_{failed.name}"
