@@ -97,3 +97,39 @@ def test_a_full_volume_keeps_the_caches_in_the_container_with_one_warning(tmp_pa
         setup = compile_cache.prepare(str(volume), {}, ARGV)
     assert setup.root is None and setup.env == {}
     assert setup.warning is not None and "MiB free" in setup.warning
+
+
+def test_the_release_of_vllm_is_part_of_the_warm_mark(volume: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another vLLM compiles other graphs: a mark left by the last release must not say warm."""
+    setup = compile_cache.prepare(str(volume), {}, ARGV)
+    compile_cache.record_ready(setup, ARGV, "cold")
+    assert compile_cache.prepare(str(volume), {}, ARGV).expected == "warm"
+    monkeypatch.setattr(compile_cache, "VLLM_VERSION", "0.33.0")
+    assert compile_cache.prepare(str(volume), {}, ARGV).expected == "cold"
+
+
+class Planned(Exception):
+    """Raised by the stand-in capacity plan: the start is followed up to the plan, no further."""
+
+
+@pytest.mark.parametrize("marked", [True, False])
+def test_the_warm_mark_reaches_the_capacity_plan(volume: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, marked: bool) -> None:
+    from vllm_worker import main
+    from vllm_worker.config import args_builder, settings as settings_mod
+    from vllm_worker.engine.launcher import Supervisor
+
+    env = {"MODEL_NAME": "org/model", "HF_HUB_OFFLINE": "1", "BASE_PATH": str(volume), "HOME": str(tmp_path / "home")}
+    settings = settings_mod.load(env)
+    argv = args_builder.build_args(env, settings).argv
+    if marked:
+        compile_cache.record_ready(compile_cache.prepare(str(volume), env, argv), argv, "cold")
+    seen: list[str] = []
+
+    def plan(*args: object, **kwargs: str) -> None:
+        seen.append(kwargs["compile_cache"])
+        raise Planned
+
+    monkeypatch.setattr(main.capacity, "startup_plan", plan)
+    with pytest.raises(Planned):
+        main._startup(env, settings, Supervisor(settings), {})
+    assert seen == ["warm" if marked else "unknown"]
