@@ -133,3 +133,80 @@ def test_the_warm_mark_reaches_the_capacity_plan(volume: Path, tmp_path: Path, m
     with pytest.raises(Planned):
         main._startup(env, settings, Supervisor(settings), {})
     assert seen == ["warm" if marked else "unknown"]
+
+
+def test_the_status_names_the_folder_what_was_expected_and_what_was_repaired(volume: Path) -> None:
+    setup = compile_cache.prepare(str(volume), {}, ARGV)
+    setup.repaired = ["x"]
+    assert setup.status() == {"folder": str(volume / "engine-cache"), "expected": "cold", "repaired": ["x"], "warning": None}
+    assert compile_cache.CacheSetup().status() == {"folder": None, "expected": "unknown", "repaired": [], "warning": None}
+
+
+def test_the_fingerprint_leaves_out_only_the_port_and_host_in_either_spelling() -> None:
+    base = ["vllm", "serve", "m", "--max-model-len", "512"]
+    key = compile_cache.fingerprint(base)
+    assert compile_cache.fingerprint([*base, "--port", "1", "--host", "h"]) == key
+    assert compile_cache.fingerprint([*base, "--port=1", "--host=h"]) == key
+    assert compile_cache.fingerprint([*base, "--port-x=1"]) != key
+    assert compile_cache.fingerprint(["vllm", "serve", "m", "--max-model-len=512"]) != key  # a different argv
+    assert compile_cache.fingerprint([*base, "--enforce-eager"]) != key
+    assert compile_cache.fingerprint(base, "/snap") != key
+    assert compile_cache.fingerprint(base, "") == key and len(key) == 32
+
+
+def test_a_volume_with_too_little_space_says_how_much(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import shutil as shutil_mod
+    from collections import namedtuple
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(compile_cache.shutil, "disk_usage", lambda path: usage(0, 0, compile_cache.MIN_FREE_BYTES - (1 << 20)))
+    assert compile_cache._probe(tmp_path / "c") == "2047 MiB free, less than the 2 GiB the caches may need"
+    monkeypatch.setattr(compile_cache.shutil, "disk_usage", lambda path: usage(0, 0, compile_cache.MIN_FREE_BYTES))
+    assert compile_cache._probe(tmp_path / "d" / "deeper") is None and list((tmp_path / "d" / "deeper").iterdir()) == []
+    assert shutil_mod is compile_cache.shutil
+
+
+def test_a_probe_that_cannot_write_names_the_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    assert compile_cache._probe(blocker / "c") == "FileExistsError: File exists" or compile_cache._probe(
+        blocker / "c"
+    ).startswith(("NotADirectoryError: ", "FileExistsError: "))
+
+
+def test_an_unreadable_index_is_removed_and_named(volume: Path, caplog: pytest.LogCaptureFixture) -> None:
+    rank = volume / "engine-cache" / "vllm" / "torch_compile_cache" / "0a1b" / "rank_0_0" / "backbone"
+    rank.mkdir(parents=True)
+    index = rank / "vllm_compile_cache.py"
+    index.write_bytes(b"\xff\xfe not utf-8")
+    with caplog.at_level(logging.WARNING, logger="vllm_worker"):
+        removed = compile_cache.repair(volume / "engine-cache" / "vllm")
+    assert removed == [str(index)] and not index.exists()
+    assert [r.getMessage() for r in caplog.records] == [
+        f"compile cache: removed the torn index {index} (unreadable); vLLM compiles those graphs again"
+    ]
+    index.write_text("{")
+    with caplog.at_level(logging.WARNING, logger="vllm_worker"):
+        compile_cache.repair(volume / "engine-cache" / "vllm")
+    assert caplog.records[-1].getMessage().endswith("(SyntaxError); vLLM compiles those graphs again")
+
+
+def test_the_warm_mark_is_one_small_file_and_a_mark_that_cannot_be_written_is_one_line(
+    volume: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    setup = compile_cache.prepare(str(volume), {}, ARGV)
+    marks = volume / "engine-cache" / compile_cache.MARKS_FOLDER
+    assert not marks.exists()
+    compile_cache.record_ready(setup, ARGV, "warm")
+    assert [p.read_text() for p in marks.iterdir()] == ["ready\n"]
+    for p in marks.iterdir():
+        p.unlink()
+    marks.rmdir()
+    marks.write_text("")  # a file where the folder goes
+    with caplog.at_level(logging.INFO, logger="vllm_worker"):
+        compile_cache.record_ready(setup, ARGV, "cold")
+    [line] = [r.getMessage() for r in caplog.records]
+    assert line.startswith("compile cache: could not mark the caches warm for this configuration (") and "File exists" in line
+    nested = compile_cache.CacheSetup(root=volume / "a" / "b")
+    compile_cache.record_ready(nested, ARGV, "cold")
+    assert (volume / "a" / "b" / compile_cache.MARKS_FOLDER / compile_cache.fingerprint(ARGV)).exists()

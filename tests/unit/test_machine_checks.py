@@ -192,3 +192,118 @@ def test_the_gpus_are_listed_by_nvml_else_nvidia_smi() -> None:
 def test_a_check_line_says_what_it_found(ok: bool) -> None:
     check = mc.Check("disk", "9.0 GiB free", None if ok else "too small")
     assert check.log_line() == f"machine check disk: {'ok' if ok else 'FAILED'}: 9.0 GiB free"
+
+
+def test_the_sentences_in_full() -> None:
+    assert mc.judge_memory(2 * GiB, 4 * GiB) == mc.Check(
+        "memory",
+        "2.0 GiB available, at least 4.0 GiB wanted (RUNPOD_MIN_MEMORY_GB)",
+        "This machine has 2.0 GiB of memory available, less than the 4.0 GiB the worker and vLLM need beside the "
+        "GPU (RUNPOD_MIN_MEMORY_GB=4): choose a GPU type with more system memory for the endpoint.",
+    )
+    assert mc.judge_gpus(["H100"], 2, None) == mc.Check(
+        "gpus",
+        "1 GPU(s) (0: H100), the launch needs 2",
+        "The launch needs 2 GPUs (TENSOR_PARALLEL_SIZE x PIPELINE_PARALLEL_SIZE) and this worker has 1: set the "
+        "endpoint's GPUs per worker to 2, or the parallel sizes to fit 1.",
+    )
+    assert mc.judge_gpus(["A", "B"], 2, {0: None, 1: None}) == mc.Check(
+        "gpus", "2 GPU(s) (0: A, 1: B); a 64 MiB allocation on 2 of 2"
+    )
+    assert mc.judge_gpus(["A"], 1, {0: "E (2)"}) == mc.Check(
+        "gpus",
+        "1 GPU(s) (0: A); a 64 MiB allocation on 0 of 1; GPU 0: E (2)",
+        "GPU 0 of this machine cannot allocate memory (E (2)) before vLLM has started: a fault of the machine, not of the settings.",
+        fresh_machine=True,
+    )
+    assert mc.judge_gpus(["A"], 1, None) == mc.Check("gpus", "1 GPU(s) (0: A); a 64 MiB allocation on 0 of 0")
+    folder = Path("/d/models--a--b")
+    assert mc.judge_disk(folder, 3 * GiB, 4 * GiB, "the container disk") == mc.Check(
+        "disk",
+        "3.0 GiB free at /d/models--a--b (the container disk), the model needs 4.0 GiB more",
+        "The model needs 4.0 GiB more at /d/models--a--b (the container disk) and that disk has 3.0 GiB free: raise "
+        "the endpoint's container disk by at least 3 GB, or attach a network volume at BASE_PATH with the space, so "
+        "the download does not fill the disk.",
+    )
+    assert mc.judge_disk(folder, 9 * GiB, 4 * GiB, "v") == mc.Check(
+        "disk", "9.0 GiB free at /d/models--a--b (v), the model needs 4.0 GiB more"
+    )
+    assert mc.judge_disk(folder, 1, None, "v") == mc.Check(
+        "disk", "the model's size is not known (no pre-flight figure); /d/models--a--b not judged"
+    )
+    assert mc.judge_disk(folder, None, 1, "v") == mc.Check("disk", "the free space at /d/models--a--b could not be read; not judged")
+    assert mc.judge_memory(None, 1) == mc.Check("memory", "the available memory could not be read; not judged")
+    assert mc.internet() == mc.Check(
+        "internet",
+        "not checked: the job API answering is this worker's link to the platform, and the Hub's reachability is "
+        "the pre-flight's (the SDK's connect to 8.8.8.8:53 is not made)",
+    )
+    assert mc.judge_gpus(None, 1, None).found == "no NVIDIA GPU listed by NVML or nvidia-smi; the GPU checks do not apply"
+
+
+def test_a_disk_exactly_big_enough_passes() -> None:
+    assert mc.judge_disk(Path("/d"), 5 * GiB + mc.DISK_SPARE_BYTES, 5 * GiB, "v").ok
+    assert mc.DISK_SPARE_BYTES == GiB and mc.ALLOCATION_BYTES == 64 << 20
+
+
+def test_the_memory_floor_zero_and_fractions() -> None:
+    assert mc.min_memory_bytes({"RUNPOD_MIN_MEMORY_GB": "0"}) == 0
+    assert mc.min_memory_bytes({"RUNPOD_MIN_MEMORY_GB": "1.5"}) == GiB + GiB // 2
+    assert mc.judge_memory(0, 0).ok
+
+
+def test_the_allocation_child_is_given_the_size_and_each_device_and_a_time_limit() -> None:
+    calls: list[dict[str, Any]] = []
+
+    def run(argv: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
+        calls.append({"argv": argv, **kwargs})
+        return subprocess.CompletedProcess(argv, 0, "0 ok\n2 CUDA_ERROR_ECC_UNCORRECTABLE (214)\n", "")
+
+    assert mc.allocate_each([0, 2], run) == {0: None, 2: "CUDA_ERROR_ECC_UNCORRECTABLE (214)"}
+    [call] = calls
+    assert call["argv"][1] == "-c" and "cuMemAlloc_v2" in call["argv"][2]
+    assert call["argv"][3:] == [str(64 << 20), "0", "2"]
+    assert call["capture_output"] is True and call["text"] is True and call["timeout"] == 60.0
+
+
+def test_a_child_line_without_a_reason_still_fails_the_device() -> None:
+    assert mc.parse_allocations("0 \n", [0]) == {0: "failed"}
+    assert mc.parse_allocations("all\n", [0]) == {0: "the CUDA driver failed"}
+    assert mc.parse_allocations("  1 ok  \nnoise\n0 ok\n", [0, 1]) == {0: None, 1: None}
+
+
+def test_the_gpu_check_allocates_on_the_first_devices_the_launch_uses() -> None:
+    asked: list[list[int]] = []
+
+    def allocate(indexes: Any) -> dict[int, str | None]:
+        asked.append(list(indexes))
+        return {i: None for i in indexes}
+
+    mc.before_preflight({}, 1, "cuda", gpus=lambda: ["A", "B"], memory=lambda: 64 * GiB, allocate=allocate)
+    mc.before_preflight({}, 2, "auto", gpus=lambda: ["A", "B"], memory=lambda: 64 * GiB, allocate=allocate)
+    none = mc.before_preflight({}, 1, "auto", gpus=lambda: None, memory=lambda: 64 * GiB, allocate=allocate)
+    assert asked == [[0], [0, 1]]
+    assert none[1].ok and "do not apply" in none[1].found
+    floor = mc.before_preflight({"RUNPOD_MIN_MEMORY_GB": "8"}, 1, "cpu", memory=lambda: 8 * GiB - 1)
+    assert not floor[0].ok
+
+
+def test_present_bytes_counts_files_not_links_or_folders(tmp_path: Path) -> None:
+    assert mc.present_bytes(tmp_path / "absent") == 0
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "x").write_bytes(b"12345")
+    (tmp_path / "y").write_bytes(b"12")
+    (tmp_path / "link").symlink_to(tmp_path / "y")
+    assert mc.present_bytes(tmp_path) == 7
+    assert mc.free_bytes(tmp_path / "a" / "x") == mc.free_bytes(tmp_path) is not None
+
+
+def test_the_memory_reading_without_a_cgroup_limit_is_memavailable(tmp_path: Path) -> None:
+    (tmp_path / "proc").mkdir()
+    (tmp_path / "proc" / "meminfo").write_text("MemTotal: 8 kB\n")
+    assert mc.available_memory(str(tmp_path)) is None
+    cgroup = tmp_path / "sys" / "fs" / "cgroup"
+    cgroup.mkdir(parents=True)
+    (cgroup / "memory.max").write_text(str(3 * GiB))
+    (cgroup / "memory.current").write_text(str(4 * GiB))
+    assert mc.available_memory(str(tmp_path)) == 0  # over its limit: nothing left, never negative
