@@ -198,3 +198,105 @@ async def test_a_job_handed_out_while_the_worker_stops_is_answered_so_and_never_
     finally:
         await handler.close_session()
     assert parts == [{"error": platform.new_job_sentence()}]
+
+
+def test_the_drain_is_counted_from_the_signal_and_the_cut_names_the_state_and_logs_once(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A signal that came long before the loop looked (signal_at in the past): no drain time is left."""
+    import logging
+    import time
+
+    state = WorkerState()
+    seen: list[Any] = []
+
+    def interrupt(given: WorkerState, sentence: str) -> int:
+        seen.append(given)
+        for job in scaler.jobs:
+            if not job.done():
+                job.set_result(None)
+        return 2
+
+    monkeypatch.setattr(handler, "interrupt_running", interrupt)
+    timeouts: list[float | None] = []
+    wait = asyncio.wait
+
+    def recorded(tasks: Any, timeout: float | None = None, **kwargs: Any) -> Any:
+        timeouts.append(timeout)
+        return wait(tasks, timeout=timeout, **kwargs)
+
+    monkeypatch.setattr(platform.asyncio, "wait", recorded)
+    import runpod.http_client
+
+    class Session:
+        async def __aenter__(self) -> "Session":
+            return self
+
+        async def __aexit__(self, *exc: object) -> None:
+            return None
+
+    monkeypatch.setattr(runpod.http_client, "AsyncClientSession", Session)
+    scaler: Loop
+
+    async def main() -> None:
+        nonlocal scaler
+        scaler = Loop(2)
+        shutdown = platform.Shutdown()
+        shutdown.serving(state, 3.0, local_api=False)
+        shutdown._scaler = scaler
+        shutdown.on_signal(signal.SIGTERM, None)
+        shutdown.signal_at = time.monotonic() - 60  # the signal, a minute ago
+        await shutdown.run_loop(scaler, closed)
+
+    with caplog.at_level(logging.WARNING, logger="vllm_worker"):
+        asyncio.run(main())
+    assert seen == [state]
+    assert timeouts[1] == 0.0  # the drain: nothing left of DRAIN_TIMEOUT
+    assert [r.getMessage() for r in caplog.records] == [
+        "the worker stops with jobs still running: 2 request(s) to the engine cut, each answered that it can be sent again"
+    ]
+
+
+def test_the_sdks_run_is_the_drain_loop_and_closes_the_session(monkeypatch: pytest.MonkeyPatch) -> None:
+    from runpod.serverless.modules import rp_scale
+    import runpod.http_client
+
+    class Session:
+        async def __aenter__(self) -> "Session":
+            return self
+
+        async def __aexit__(self, *exc: object) -> None:
+            return None
+
+    monkeypatch.setattr(runpod.http_client, "AsyncClientSession", Session)
+    monkeypatch.setattr(rp_scale.JobScaler, "run", rp_scale.JobScaler.run)
+    monkeypatch.setattr(rp_scale.JobScaler, "handle_shutdown", rp_scale.JobScaler.handle_shutdown)
+    import runpod.serverless
+
+    monkeypatch.setattr(runpod.serverless, "_signal_handler", runpod.serverless._signal_handler)
+    closes: list[bool] = []
+    sessions: list[Any] = []
+
+    async def close() -> None:
+        closes.append(True)
+
+    class Done(Loop):
+        async def run_jobs(self, session: Any) -> None:
+            sessions.append(session)
+
+    async def main() -> None:
+        platform.patch_job_loop(None, close)
+        await rp_scale.JobScaler.run(Done(0))  # type: ignore[arg-type]
+
+    asyncio.run(main())
+    assert closes == [True] and len(sessions) == 1 and isinstance(sessions[0], Session)
+
+
+def test_a_signal_with_no_job_loop_yet_frees_the_engine_at_once() -> None:
+    import threading
+
+    stopped = threading.Event()
+    shutdown = platform.Shutdown(stopped.set)
+    shutdown.serving(WorkerState(), 3.0, local_api=False)
+    shutdown.on_signal(signal.SIGTERM, None)  # no scaler: nothing can be running
+    assert stopped.wait(5)

@@ -202,3 +202,10 @@ def test_the_sentences_in_full() -> None:
         "C. Fresh machines did not help: the endpoint's workers already asked for 4 fresh workers after a fault of the "
         "machine within the last hour (WORKER_REFRESH_LIMIT=3)"
     )
+
+
+def test_answer_records_the_kind_of_fault_in_the_ledger(tmp_path: Path) -> None:
+    (tmp_path / fresh_machine.STATE_FOLDER).mkdir()
+    fresh_machine.answer(CAUSE, "profiling_race", 3, str(tmp_path), lambda: None, lambda path: True)
+    ledger = json.loads((tmp_path / fresh_machine.STATE_FOLDER / fresh_machine.LEDGER_FILE).read_text())
+    assert [e["cause"] for e in ledger["fresh_workers"]] == ["profiling_race"]

@@ -307,3 +307,52 @@ def test_the_memory_reading_without_a_cgroup_limit_is_memavailable(tmp_path: Pat
     (cgroup / "memory.max").write_text(str(3 * GiB))
     (cgroup / "memory.current").write_text(str(4 * GiB))
     assert mc.available_memory(str(tmp_path)) == 0  # over its limit: nothing left, never negative
+
+
+def test_the_passing_checks_in_full() -> None:
+    assert mc.judge_memory(8 * GiB, 4 * GiB) == mc.Check("memory", "8.0 GiB available, at least 4.0 GiB wanted (RUNPOD_MIN_MEMORY_GB)")
+    assert mc.judge_gpus(None, 1, None) == mc.Check("gpus", "no NVIDIA GPU listed by NVML or nvidia-smi; the GPU checks do not apply")
+    cpu = mc.before_preflight({}, 1, "cpu", memory=lambda: 8 * GiB)
+    assert cpu[1] == mc.Check("gpus", "ENGINE_DEVICE=cpu: the GPU checks do not apply")
+    gpus = mc.before_preflight({}, 2, "auto", gpus=lambda: ["A", "B"], memory=lambda: 8 * GiB, allocate=lambda i: {j: None for j in i})
+    assert gpus[1] == mc.Check("gpus", "2 GPU(s) (0: A, 1: B); a 64 MiB allocation on 2 of 2")
+
+
+def test_the_disk_check_reads_the_folder_and_subtracts_what_is_there(monkeypatch: pytest.MonkeyPatch) -> None:
+    folder = Path("/v/models--a--b")
+    monkeypatch.setattr(mc, "present_bytes", lambda path: GiB if path == folder else 0)
+    monkeypatch.setattr(mc, "free_bytes", lambda path: 10 * GiB if path == folder else 0)
+    assert mc.disk_for_download(folder, 3 * GiB, "the network volume at BASE_PATH") == mc.Check(
+        "disk", "10.0 GiB free at /v/models--a--b (the network volume at BASE_PATH), the model needs 2.0 GiB more"
+    )
+    assert mc.disk_for_download(folder, GiB, "v").found.endswith("the model needs 0.0 GiB more")
+    assert mc.disk_for_download(folder, None, "v").found == "the model's size is not known (no pre-flight figure); /v/models--a--b not judged"
+    monkeypatch.setattr(mc, "free_bytes", lambda path: 0)
+    short = mc.disk_for_download(folder, GiB + 1, "v")
+    assert short.failure is not None and "needs 0.0 GiB more" in short.failure  # 1 byte left, plus the spare
+
+
+def test_the_gigabytes_asked_for_round_up() -> None:
+    folder = Path("/d")
+    exact = mc.judge_disk(folder, 0, 3 * 10**9 - mc.DISK_SPARE_BYTES, "v")
+    above = mc.judge_disk(folder, 0, 3 * 10**9 + 1 - mc.DISK_SPARE_BYTES, "v")
+    assert exact.failure is not None and "by at least 3 GB" in exact.failure
+    assert above.failure is not None and "by at least 4 GB" in above.failure
+
+
+def test_free_space_is_read_on_the_filesystem_that_will_hold_the_folder() -> None:
+    shm = Path("/dev/shm")
+    if not shm.is_dir():
+        pytest.skip("no /dev/shm here")
+    import shutil
+
+    assert mc.free_bytes(shm / "not-yet" / "made") == shutil.disk_usage(shm).free
+
+
+def test_a_cgroup_limit_without_a_usage_figure_leaves_memavailable(tmp_path: Path) -> None:
+    (tmp_path / "proc").mkdir()
+    (tmp_path / "proc" / "meminfo").write_text("MemAvailable: 4 kB\n")
+    cgroup = tmp_path / "sys" / "fs" / "cgroup"
+    cgroup.mkdir(parents=True)
+    (cgroup / "memory.max").write_text(str(GiB))
+    assert mc.available_memory(str(tmp_path)) == 4096

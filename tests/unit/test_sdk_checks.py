@@ -253,13 +253,32 @@ def test_install_routes_both_signals_to_the_one_handler(monkeypatch: pytest.Monk
     assert installed == {signal.SIGTERM: shutdown.on_signal, signal.SIGINT: shutdown.on_signal}
 
 
-def test_the_sdks_shutdown_handler_reaches_the_worker_with_its_scaler(sdk: list[dict[str, Any]]) -> None:
+def test_the_sdks_shutdown_handler_reaches_the_worker_with_its_scaler(
+    sdk: list[dict[str, Any]], caplog: pytest.LogCaptureFixture
+) -> None:
     shutdown = platform.Shutdown()
     shutdown.serving(WorkerState(), 3.0, local_api=False)
     platform.patch_job_loop(shutdown, _close)
     scaler = _Scaler(2)
-    rp_scale.JobScaler.handle_shutdown(scaler, signal.SIGTERM, None)  # type: ignore[arg-type]
+    with caplog.at_level(logging.INFO, logger="vllm_worker"):
+        rp_scale.JobScaler.handle_shutdown(scaler, signal.SIGTERM, None)  # type: ignore[arg-type]
     assert shutdown._scaler is scaler and shutdown.signals == 1
+    assert [r.getMessage() for r in caplog.records] == [
+        "signal 15: taking no more jobs; 2 running may finish within DRAIN_TIMEOUT=3 s, then the engine stops"
+    ]
+
+
+def test_the_local_api_is_patched_once_and_only_when_asked(sdk: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch) -> None:
+    from runpod.serverless.modules import rp_fastapi
+
+    original = rp_fastapi.WorkerAPI.__init__
+    monkeypatch.setattr(rp_fastapi.WorkerAPI, "__init__", original)
+    platform.patch_job_loop(None, _close, local_api=False)
+    assert rp_fastapi.WorkerAPI.__init__ is original
+    platform.patch_job_loop(None, _close, local_api=True)
+    patched = rp_fastapi.WorkerAPI.__init__
+    platform.patch_job_loop(None, _close, local_api=True)
+    assert rp_fastapi.WorkerAPI.__init__ is patched is not original
 
 
 def test_the_stop_sentences_in_full() -> None:
