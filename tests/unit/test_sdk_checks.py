@@ -307,3 +307,82 @@ def test_the_replacement_line_in_full(caplog: pytest.LogCaptureFixture, monkeypa
     replaced = sdk_worker.run_fitness_checks
     platform.keep_sdk_checks_off()
     assert sdk_worker.run_fitness_checks is replaced
+
+
+def test_the_local_test_input_edges(tmp_path: Path) -> None:
+    on_platform = {"RUNPOD_WEBHOOK_GET_JOB": "http://x"}
+    assert platform.local_test_input(["x", "--test_input", '{"input": 1}'], on_platform, tmp_path) == {"input": 1, "id": "local_test"}
+    assert platform.local_test_input(["--test_input"], on_platform, tmp_path) is None  # a flag without its value
+    assert platform.local_test_input(['--test_input={"input": "a=b"}'], {}, tmp_path) == {"input": "a=b", "id": "local_test"}
+    (tmp_path / "test_input.json").write_text('{"input": "from the file"}')
+    assert platform.local_test_input([], {}, tmp_path) == {"input": "from the file", "id": "local_test"}
+    assert platform.local_test_input(["--rp_serve_api=1"], {}, tmp_path) is None
+    assert platform.local_test_input(["--rp_serve_api"], {}, tmp_path) is None
+    with pytest.raises(platform.LocalTestError) as refused:
+        platform.local_test_input(["--test_input", "[]"], {}, tmp_path)
+    assert str(refused.value) == 'the local test job must be a JSON object with an "input", e.g. {"input": {"prompt": "Hi"}}'
+
+
+def test_the_local_test_prints_the_result_as_written(capsys: pytest.CaptureFixture[str]) -> None:
+    async def accented(job: dict[str, Any]) -> Any:
+        yield "Paris, capitale de la République"
+
+    assert platform.local_test(accented, {"id": "local_test", "input": {}}, _close) == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1] == '{"output": ["Paris, capitale de la République"]}'
+
+
+def test_serve_routes_the_signals_and_closes_the_session_through_the_sdks_run(
+    sdk: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import runpod.http_client
+    import runpod.serverless
+
+    class Session:
+        async def __aenter__(self) -> "Session":
+            return self
+
+        async def __aexit__(self, *exc: object) -> None:
+            return None
+
+    monkeypatch.setattr(runpod.http_client, "AsyncClientSession", Session)
+    monkeypatch.setattr(sys, "argv", ["vllm-worker"])
+    closed: list[bool] = []
+
+    async def close() -> None:
+        closed.append(True)
+
+    shutdown = platform.Shutdown()
+    platform.serve(_handler, close, 1, shutdown, WorkerState(), 3.0)
+    assert runpod.serverless._signal_handler == shutdown.on_signal
+
+    class Done:
+        def __init__(self) -> None:
+            self._shutdown_event = asyncio.Event()
+
+        def kill_worker(self) -> None:
+            self._shutdown_event.set()
+
+        async def get_jobs(self, session: Any) -> None:
+            await asyncio.Event().wait()
+
+        async def run_jobs(self, session: Any) -> None:
+            return None
+
+        async def monitor_stop_signals(self, session: Any) -> None:
+            await asyncio.Event().wait()
+
+    asyncio.run(rp_scale.JobScaler.run(Done()))  # type: ignore[arg-type]
+    assert closed == [True]
+
+
+def test_without_a_job_endpoint_serve_runs_test_input_json_from_the_working_folder(
+    sdk: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.delenv("RUNPOD_WEBHOOK_GET_JOB")
+    monkeypatch.setattr(sys, "argv", ["vllm-worker"])
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "test_input.json").write_text('{"input": {"prompt": "Hi"}}')
+    ran: list[Any] = []
+    monkeypatch.setattr(platform, "local_test", lambda handler, job, close, stop: ran.append(job) or 0)
+    assert platform.serve(_handler, _close, 1, platform.Shutdown(), WorkerState(), 3.0) == 0
+    assert ran == [{"input": {"prompt": "Hi"}, "id": "local_test"}] and sdk == []
