@@ -356,3 +356,24 @@ def test_a_cgroup_limit_without_a_usage_figure_leaves_memavailable(tmp_path: Pat
     cgroup.mkdir(parents=True)
     (cgroup / "memory.max").write_text(str(GiB))
     assert mc.available_memory(str(tmp_path)) == 4096
+
+
+def test_this_machines_memory_is_read_from_its_own_proc() -> None:
+    available = mc.available_memory()
+    assert available is not None and available > 0
+
+
+def test_memavailable_below_the_cgroups_room_is_the_figure(tmp_path: Path) -> None:
+    (tmp_path / "proc").mkdir()
+    (tmp_path / "proc" / "meminfo").write_text("MemAvailable: 1024 kB\n")
+    cgroup = tmp_path / "sys" / "fs" / "cgroup"
+    cgroup.mkdir(parents=True)
+    (cgroup / "memory.max").write_text(str(3 * GiB))
+    (cgroup / "memory.current").write_text(str(GiB))
+    assert mc.available_memory(str(tmp_path)) == 1024 * 1024
+
+
+def test_a_model_already_downloaded_needs_only_the_spare(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(mc, "present_bytes", lambda path: 5 * GiB)
+    monkeypatch.setattr(mc, "free_bytes", lambda path: mc.DISK_SPARE_BYTES)
+    assert mc.disk_for_download(Path("/v/m"), 5 * GiB, "v").ok
