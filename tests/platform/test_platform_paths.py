@@ -178,8 +178,9 @@ FAKE_LIBCUDA = r"""
 typedef int CUresult;
 CUresult cuInit(unsigned int f) { return 0; }
 CUresult cuDeviceGet(int *d, int i) { *d = i; return 0; }
-CUresult cuCtxCreate_v2(void **c, unsigned int f, int d) { *c = (void *)1; return 0; }
-CUresult cuCtxDestroy_v2(void *c) { return 0; }
+CUresult cuDevicePrimaryCtxRetain(void **c, int d) { *c = (void *)1; return 0; }
+CUresult cuDevicePrimaryCtxRelease_v2(int d) { return 0; }
+CUresult cuCtxSetCurrent(void *c) { return 0; }
 CUresult cuCtxSynchronize(void) { return 0; }
 CUresult cuMemAlloc_v2(unsigned long long *p, size_t n) { return 2; }
 CUresult cuMemFree_v2(unsigned long long p) { return 0; }
