@@ -51,6 +51,10 @@ ENV BAKED_MODEL_PATH=${MODEL_NAME:+/opt/models/model} \
 # on another worker finds them already downloaded. The hub cache is where Runpod's model
 # caching puts models and where Runpod's official vLLM worker downloads them, so a volume
 # shared with it, or a cached model, is served without a download (src/vllm_worker/model/cache.py).
+# Without a volume the first download creates BASE_PATH on the container's own disk: the worker
+# tells a volume by its mount point, and keeps the count of fresh workers and the compile caches
+# only on one. So the image declares no VOLUME and makes nothing at BASE_PATH (a VOLUME would be
+# an anonymous Docker volume, a mount point that dies with the container).
 ARG BASE_PATH=/runpod-volume
 ENV BASE_PATH=${BASE_PATH} \
     HF_HOME=${BASE_PATH}/huggingface-cache \

@@ -40,7 +40,7 @@ from vllm_worker.serving import engine_load, fresh_machine
 from vllm_worker.serving import platform
 from vllm_worker.config import settings as settings_mod
 from vllm_worker.config.profile import LaunchProfile
-from vllm_worker.engine import compile_cache
+from vllm_worker.engine import compile_cache, machine_checks
 from vllm_worker.engine.download_progress import DownloadPlan, expected_bytes, repo_folder
 from vllm_worker.engine.launcher import Launcher, MemoryWait, StartupOutcome, Supervisor, start_engine
 from vllm_worker.engine.monitor import EngineMonitor
@@ -216,6 +216,20 @@ def _startup(
         built = command.build_args(profile, settings)
     except args_builder.ArgsError as exc:
         return StartupOutcome(fatal=str(exc))
+    # The machine's memory and GPUs, while they are still the machine's (the SDK's checks never run).
+    needed = profile.data_parallel_size * profile.tensor_parallel_size * profile.pipeline_parallel_size
+    checks = machine_checks.before_preflight(env, needed, settings.engine_device)
+    failed = _report_checks(checks)
+    if failed is not None:
+        return failed
+    volume = os.path.ismount(settings.base_path)
+    if not volume:
+        log.info(
+            "BASE_PATH=%s is not a network volume (%s): the worker asks for no fresh worker, and the engine's "
+            "compile caches and the warm mark stay in the container",
+            settings.base_path,
+            fresh_machine.not_a_volume(settings.base_path),
+        )
     cached = model_cache.lookup(profile)
     caches = compile_cache.prepare(settings.base_path, env, built.argv, str(cached.snapshot) if cached else None)
     if caches.warning:
@@ -237,6 +251,22 @@ def _startup(
         log.error("pre-flight: %s", result.message)
         return StartupOutcome(fatal=result.message, model_cache=cached.status() if cached else None)
     phases["preflight"] = round(time.monotonic() - step, 2)
+    # The disk where the download goes, now that the pre-flight knows the model's size.
+    summary = result.model_info_summary
+    download = None
+    if result.skipped_reason is None and summary is not None:
+        hub_cache = model_cache.cache_roots(profile)[-1][1]
+        download = DownloadPlan(
+            summary.repo,
+            repo_folder(hub_cache, summary.repo),
+            expected_bytes(summary.safetensors_parameters),
+        )
+        if cached is None:
+            where = "the network volume at BASE_PATH" if volume and _under(download.folder, settings.base_path) else "the container disk"
+            checks.append(machine_checks.disk_for_download(download.folder, download.total, where))
+            failed = _report_checks(checks, len(checks) - 1)
+            if failed is not None:
+                return failed
     step = time.monotonic()
 
     devices = gpu_memory.probe(profile, cast(gpu_memory.Platform, settings.engine_device))
@@ -263,15 +293,6 @@ def _startup(
     waiter = memory_waiter(settings)
     if waiter is None:
         log.info("GPU_MEMORY_WAIT=false: every launch starts without waiting for memory")
-    summary = result.model_info_summary
-    download = None
-    if result.skipped_reason is None and summary is not None:
-        hub_cache = model_cache.cache_roots(profile)[-1][1]
-        download = DownloadPlan(
-            summary.repo,
-            repo_folder(hub_cache, summary.repo),
-            expected_bytes(summary.safetensors_parameters),
-        )
     launcher = Launcher(
         settings,
         supervisor,
@@ -288,6 +309,25 @@ def _startup(
         )
     outcome.model_cache = cached.status() if cached else None
     return outcome
+
+
+def _report_checks(checks: list[machine_checks.Check], new: int = 0) -> StartupOutcome | None:
+    """Log what the checks from `new` on found (and hand all to the SDK glue); the failure to answer jobs with, if any."""
+    for check in checks[new:]:
+        (log.info if check.ok else log.error)("%s", check.log_line())
+    platform.record_machine_checks([f"{c.name}: {'ok' if c.ok else 'failed'}" for c in checks])
+    failed = machine_checks.first_failure(checks[new:])
+    if failed is None:
+        return None
+    kind = machine_checks.GPU_FAULT_KIND if failed.fresh_machine else f"machine_check_{failed.name}"
+    return StartupOutcome(fatal=failed.failure, cause=kind)
+
+
+def _under(folder: Path, base_path: str) -> bool:
+    try:
+        return folder.resolve().is_relative_to(Path(base_path).resolve())
+    except OSError:
+        return False
 
 
 def memory_waiter(settings: settings_mod.Settings) -> MemoryWait | None:

@@ -21,14 +21,14 @@ import shutil
 import struct
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import pytest
 
 from tests.support import engine_env
 from tests.support.control_plane import ControlPlane
 from tests.support.hub_stub import HubStub
-from tests.support.volumes import read_only_volume
+from tests.support.volumes import network_volume, read_only_volume
 from tests.support.worker_proc import WorkerProcess
 
 pytestmark = pytest.mark.engine
@@ -66,11 +66,16 @@ def start(env: dict[str, str], workdir: Path) -> tuple[dict[str, Any], str]:
     return report, log
 
 
-def test_starts_on_one_volume_download_once_and_compile_once(tmp_path: Path) -> None:
+@pytest.fixture
+def volume(tmp_path: Path) -> Iterator[Path]:
+    """A filesystem mounted at BASE_PATH, as a network volume is (a plain folder is no volume to the worker)."""
+    with network_volume(tmp_path / "volume") as mounted:
+        yield mounted
+
+
+def test_starts_on_one_volume_download_once_and_compile_once(tmp_path: Path, volume: Path) -> None:
     tiny_model = engine_env.make_tiny_model(tmp_path / "model", **WIDE)
-    volume = tmp_path / "volume"
     hub_cache = volume / "huggingface-cache" / "hub"
-    volume.mkdir()
     files = {p.name: p.read_bytes() for p in tiny_model.iterdir() if p.is_file() and not p.name.startswith(".")}
     params = parameter_count(tiny_model / "model.safetensors")
     with HubStub() as hub:

@@ -4,8 +4,8 @@ A fault of the GPU, its driver or NCCL only happens on a GPU, so the engine here
 stand-in printing such a text (tests/support/fake_vllm.py); everything else is real: the worker as
 a process, the SDK's job loop against the control-plane stand-in, and what the SDK posts. The SDK
 asks the platform for a fresh worker by `"stopPod": true` in the job's result, then ends its loop.
-The count of fresh workers lives on the network volume (BASE_PATH), here a folder
-of the test. A configuration cause never asks; at the bound the answer says fresh machines did
+The count of fresh workers lives on the network volume (BASE_PATH), here a tmpfs the
+test mounts (tests/support/volumes.py: a mount point, as a network volume is). A configuration cause never asks; at the bound the answer says fresh machines did
 not help.
 """
 
@@ -22,6 +22,7 @@ import pytest
 from tests.support import vllm_texts
 from tests.support.control_plane import ControlPlane
 from tests.support.fake_engine import FakeEngine, alive
+from tests.support.volumes import network_volume
 from tests.support.worker_proc import WorkerProcess
 from vllm_worker.diagnosis import startup_errors
 from vllm_worker.diagnosis.verdict import Failure
@@ -34,6 +35,12 @@ JOB = {"messages": [{"role": "user", "content": "Hi"}], "sampling_params": {"max
 # An NCCL error at start: vLLM's engine-core crash around torch.distributed's words.
 HOST_FAULT = vllm_texts.UNKNOWN_FAILURE
 CONFIG_FAULT = vllm_texts.MAX_MODEL_LEN_TOO_LARGE
+
+
+@pytest.fixture
+def volume(tmp_path: Path) -> Iterator[Path]:
+    with network_volume(tmp_path / "volume") as mounted:
+        yield mounted
 
 
 @pytest.fixture
@@ -60,14 +67,14 @@ def stop(worker: WorkerProcess, engine: FakeEngine) -> None:
 
 def test_the_scripted_texts_are_a_machine_fault_and_a_configuration_cause() -> None:
     host = startup_errors.diagnose(Failure.of(HOST_FAULT, MODEL, exit_code=1))
-    assert host is not None and host.kind in fresh_machine.FRESH_MACHINE_KINDS
+    assert host is not None and host.kind == "host_fault"
     config = startup_errors.diagnose(Failure.of(CONFIG_FAULT, MODEL, exit_code=1))
-    assert config is not None and config.kind not in fresh_machine.FRESH_MACHINE_KINDS
+    assert config is not None and config.kind == "max_model_len_too_large"
 
 
-def test_a_host_fault_after_its_relaunch_is_answered_and_the_sdk_asks_for_a_fresh_worker(cp: ControlPlane, tmp_path: Path) -> None:
-    volume = tmp_path / "volume"
-    volume.mkdir()
+def test_a_host_fault_after_its_relaunch_is_answered_and_the_sdk_asks_for_a_fresh_worker(
+    cp: ControlPlane, tmp_path: Path, volume: Path
+) -> None:
     worker, engine = start(cp, tmp_path, HOST_FAULT, volume)
     try:
         result = cp.result(cp.submit(JOB), timeout=120)
@@ -85,9 +92,8 @@ def test_a_host_fault_after_its_relaunch_is_answered_and_the_sdk_asks_for_a_fres
 
 
 def test_at_the_bound_the_answer_says_fresh_machines_did_not_help_and_no_fresh_worker_is_asked(
-    cp: ControlPlane, tmp_path: Path
+    cp: ControlPlane, tmp_path: Path, volume: Path
 ) -> None:
-    volume = tmp_path / "volume"
     (volume / fresh_machine.STATE_FOLDER).mkdir(parents=True)
     now = time.time()
     seeded = [{"at": now - 60 * i, "cause": "host_fault", "worker": f"w{i}"} for i in range(2)]
@@ -104,9 +110,7 @@ def test_at_the_bound_the_answer_says_fresh_machines_did_not_help_and_no_fresh_w
     assert ledger(volume) == seeded
 
 
-def test_a_configuration_cause_never_asks_for_a_fresh_worker(cp: ControlPlane, tmp_path: Path) -> None:
-    volume = tmp_path / "volume"
-    volume.mkdir()
+def test_a_configuration_cause_never_asks_for_a_fresh_worker(cp: ControlPlane, tmp_path: Path, volume: Path) -> None:
     worker, engine = start(cp, tmp_path, CONFIG_FAULT, volume)
     try:
         result = cp.result(cp.submit(JOB), timeout=120)

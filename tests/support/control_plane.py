@@ -45,6 +45,7 @@ class _Job:
     stream: list[Any] = field(default_factory=list)
     done: list[Any] = field(default_factory=list)
     done_query: list[dict[str, str]] = field(default_factory=list)
+    done_at: list[float] = field(default_factory=list)  # time.monotonic() of each job-done post's arrival
     stop_requested: bool = False
 
 
@@ -125,14 +126,18 @@ class ControlPlane:
         host, port = self._server.server_address[:2]
         return f"http://{host}:{port}"
 
-    def env(self) -> dict[str, str]:
+    def env(self, sdk_checks: bool = False) -> dict[str, str]:
         """The variables the platform gives a worker container, pointing at this server.
 
         The placeholders are left for the SDK to substitute, as on the platform:
         ``$ID`` in the job-take URL becomes the worker id, ``$RUNPOD_POD_ID`` and
         ``$ID`` in the done/stream URLs become the worker id and the job id.
-        The SDK's automatic system and GPU fitness checks are skipped: they probe
-        CUDA and the internet, neither of which a test machine can promise.
+        sdk_checks=False (the integration tier): the SDK's automatic system and GPU fitness
+        checks are switched off by their documented variables. The vllm_worker never runs them
+        (serving.platform replaces them), but other SDK scripts the harness runs would, and their
+        internet check connects to 8.8.8.8, a public address no test on the host's network may
+        reach. The platform tier (tests/platform) passes sdk_checks=True: there the worker runs
+        in a network namespace with only loopback, as the SDK's production start leaves it.
         """
         base = f"{self.base_url}/v2/{self.endpoint_id}"
         query = "?gpu=integration-test"
@@ -145,8 +150,7 @@ class ControlPlane:
             "RUNPOD_AI_API_KEY": self.api_key,
             "RUNPOD_POD_ID": self.worker_id,
             "RUNPOD_ENDPOINT_ID": self.endpoint_id,
-            "RUNPOD_SKIP_AUTO_SYSTEM_CHECKS": "true",
-            "RUNPOD_SKIP_GPU_CHECK": "true",
+            **({} if sdk_checks else {"RUNPOD_SKIP_AUTO_SYSTEM_CHECKS": "true", "RUNPOD_SKIP_GPU_CHECK": "true"}),
         }
 
     # ------------------------------------------------------------------ test side
@@ -182,6 +186,11 @@ class ControlPlane:
         """Every job-done body posted for the job (the platform keeps the first)."""
         with self._cond:
             return list(self._job(job_id).done)
+
+    def answered_at(self, job_id: str) -> list[float]:
+        """time.monotonic() of each job-done post for the job, as it arrived here."""
+        with self._cond:
+            return list(self._job(job_id).done_at)
 
     def done_query(self, job_id: str) -> dict[str, str]:
         """Query parameters of the first job-done post (e.g. ``isStream``)."""
@@ -295,6 +304,7 @@ class ControlPlane:
             if kind == "done":
                 job.done.append(body)
                 job.done_query.append(query)
+                job.done_at.append(time.monotonic())
             else:
                 job.stream.append(body)
             self._cond.notify_all()

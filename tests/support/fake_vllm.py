@@ -24,6 +24,8 @@ requests.jsonl. A launch is one of:
   small OpenAI-shaped bodies whose completion is ``max_tokens`` words ``w0 w1 ...``.
   Options: ``"ready_after"`` seconds before binding; ``"crash_after_requests": n`` then
   print ``text``/``output`` and exit with ``exit_code`` (a crash while serving).
+  ``"answer_after"``: seconds each completion request is held before it is answered (a long
+  generation, e.g. jobs a drain must cut).
 - ``{"hang": true}``: print ``text``/``output`` if given, never become ready.
 
 Any launch may set ``"ignore_sigterm": true``; otherwise SIGTERM ends it at once. It also
@@ -275,6 +277,7 @@ def _serve(argv: Sequence[str], step: dict[str, Any], launch: int, state_dir: Pa
             if self.path not in ("/v1/chat/completions", "/v1/completions"):
                 return self._json(404, {"detail": "Not Found"})
             self._maybe_crash()
+            time.sleep(float(step.get("answer_after", 0)))
             if not isinstance(body, dict):
                 return self._json(400, _error("Invalid JSON body", "BadRequestError", 400))
             requested = body.get("model")

@@ -56,3 +56,70 @@ def full_volume(folder: Path) -> Iterator[Path]:
         yield folder
     finally:
         subprocess.run(["umount", "-l", str(folder)], capture_output=True)
+
+
+def _can(argv: list[str]) -> bool:
+    try:
+        return subprocess.run(argv, capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+@contextlib.contextmanager
+def network_volume(folder: Path, size: str = "8g") -> Iterator[Path]:
+    """A filesystem of its own mounted at `folder`, as a network volume is: `os.path.ismount` is true
+    there (a folder bound onto itself on the same filesystem is not a mount point to it). Workers
+    share it by binding it at their BASE_PATH inside their own mount namespaces (`in_mount_namespace`)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    if not _mount(folder, f"size={size}"):
+        _unavailable("cannot mount a tmpfs here to stand for a network volume (needs root with CAP_SYS_ADMIN)")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], capture_output=True)
+
+
+def require_namespaces() -> None:
+    """Skip (fail under CI=true) where the test cannot make network and mount namespaces of its own."""
+    if not _can(["unshare", "-n", "-m", "--propagation", "private", "sh", "-c", "ip link set lo up"]):
+        _unavailable("cannot make network and mount namespaces here (unshare -n -m needs root)")
+
+
+@contextlib.contextmanager
+def private_network() -> Iterator[None]:
+    """The calling thread (and every process it starts) in a network namespace with only loopback, up:
+    servers it starts on 127.0.0.1 are reachable from its children, a connect to a public address
+    fails at once ("Network is unreachable") and no packet leaves the machine. Restored on exit;
+    sockets made inside keep working."""
+    import ctypes
+
+    require_namespaces()
+    libc = ctypes.CDLL(None, use_errno=True)
+    clone_newnet = 0x40000000
+    saved = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+    try:
+        if libc.unshare(clone_newnet) != 0:
+            _unavailable(f"unshare(CLONE_NEWNET) failed: errno {ctypes.get_errno()}")
+        subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
+        yield
+    finally:
+        if libc.setns(saved, clone_newnet) != 0:
+            raise OSError(ctypes.get_errno(), "could not return to the test's network namespace")
+        os.close(saved)
+
+
+def in_mount_namespace(command: list[str], volume: tuple[Path, Path] | None = None, also: list[str] | None = None) -> list[str]:
+    """`command` in a mount namespace of its own (`unshare -m --propagation private`), as a container
+    on the platform sees its filesystems: `volume` = (shared folder, mount point) binds the shared
+    folder at the mount point, as the platform mounts a network volume; no other process, the
+    test's included, sees the mount, and it goes with the namespace. `also`: more shell lines run
+    inside before the command (e.g. a small tmpfs over a folder). The network namespace is the
+    caller's (tests/platform/conftest.py gives the test one with only loopback).
+    """
+    lines = ["set -e"]
+    if volume is not None:
+        shared, mount_point = volume
+        lines += [f"mkdir -p '{mount_point}'", f"mount --bind '{shared}' '{mount_point}'"]
+    lines += list(also or [])
+    lines.append('exec "$@"')
+    return ["unshare", "-m", "--propagation", "private", "sh", "-c", "; ".join(lines), "sh", *command]

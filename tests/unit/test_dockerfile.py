@@ -180,6 +180,17 @@ def test_model_caches_live_on_the_network_volume() -> None:
     assert hub_cache == model_cache.RUNPOD_CACHE == "/runpod-volume/huggingface-cache/hub"
 
 
+def test_the_image_makes_no_volume_at_base_path() -> None:
+    """A volume is a mount point to the worker: an image VOLUME (an anonymous Docker volume) or a folder
+    the image makes at BASE_PATH would pass a container's own disk off as the endpoint's network volume."""
+    instructions = parsed()
+    assert [a for i, a in instructions if i == "VOLUME"] == []
+    base_path = next(v for i, a in instructions if i == "ARG" for k, v in assignments(a).items() if k == "BASE_PATH")
+    assert base_path == "/runpod-volume"
+    runs = " ".join(a for i, a in instructions if i == "RUN")
+    assert "${BASE_PATH}" not in runs and base_path not in runs
+
+
 # --- secrets ----------------------------------------------------------------------------------
 
 

@@ -2,7 +2,9 @@
 
 Every cold start of a container begins with vLLM's torch.compile cache, Inductor's and
 Triton's empty: they live in the container (`~/.cache/vllm`, `/tmp/torchinductor_<user>`)
-and die with it. When a network volume is mounted at BASE_PATH, `prepare` points them at
+and die with it. When a network volume is mounted at BASE_PATH (a mount point: a folder the
+image's HF_HOME made on the container's disk is not one, and caches there would die with the
+container just the same), `prepare` points them at
 `BASE_PATH/engine-cache` (config.engine_env decides the variables), so the next worker
 that starts the same configuration loads what the first one compiled.
 
@@ -33,7 +35,7 @@ import shutil
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Mapping, Sequence
+from typing import Any, Callable, Literal, Mapping, Sequence
 
 from vllm_worker.config.engine_env import cache_variables, vllm_cache_root
 from vllm_worker.config.versions import VLLM_VERSION
@@ -103,11 +105,16 @@ def unusable_volume_message(base_path: str, problem: str) -> str:
 
 
 def prepare(
-    base_path: str, env: Mapping[str, str], argv: Sequence[str], served_from: str | None = None
+    base_path: str,
+    env: Mapping[str, str],
+    argv: Sequence[str],
+    served_from: str | None = None,
+    mounted: Callable[[str], bool] = os.path.ismount,
 ) -> CacheSetup:
     """The cache folders for this worker's launches; never raises (a volume problem is a warning).
-    `served_from`: the cached snapshot the model is served from (model.cache), if any."""
-    if not os.path.isdir(base_path):
+    `served_from`: the cached snapshot the model is served from (model.cache), if any. Without a
+    volume mounted at `base_path` the container's defaults stay (main says so once)."""
+    if not mounted(base_path):
         return CacheSetup()
     root = Path(base_path) / CACHE_FOLDER
     problem = _probe(root)

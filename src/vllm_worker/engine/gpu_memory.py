@@ -437,6 +437,25 @@ def _cgroup_limit_and_usage(root: str) -> tuple[int | None, int | None]:
     return v1_limit, _read_int_file(os.path.join(root, "sys/fs/cgroup/memory/memory.usage_in_bytes"))
 
 
+def list_gpus(nvml: Any = None, run: Callable[[list[str]], str | None] = _run) -> list[str] | None:
+    """The names of the NVIDIA GPUs the container has (NVML, else ``nvidia-smi``); None when neither lists one."""
+    try:
+        if nvml is None:
+            import pynvml as nvml  # nvidia-ml-py
+        nvml.nvmlInit()
+        try:
+            names = [_text(nvml.nvmlDeviceGetName(nvml.nvmlDeviceGetHandleByIndex(i))) for i in range(nvml.nvmlDeviceGetCount())]
+        finally:
+            nvml.nvmlShutdown()
+        if names:
+            return names
+    except Exception:  # ImportError, or NVMLError for a missing driver/library: nvidia-smi may still answer
+        pass
+    text = run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"])
+    names = [line.strip() for line in (text or "").splitlines() if line.strip()]
+    return names or None
+
+
 def probe(profile: LaunchProfile, platform: Platform = "auto") -> list[DeviceMemory] | None:
     """The memory of every device the launch will use; None when it cannot be read."""
     if platform == "cpu":

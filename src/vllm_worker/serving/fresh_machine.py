@@ -10,8 +10,11 @@ replace workers without end. Nothing of a worker survives its replacement but a 
 which every worker of the endpoint mounts at the same place, so the fresh workers asked for are
 counted there (BASE_PATH/.vllm-worker/fresh-workers.json, a list of timestamps), endpoint-wide, over the last
 hour. At WORKER_REFRESH_LIMIT the worker stops asking and its answer says fresh machines did not
-help. Where that file cannot be written (no network volume), the worker cannot count, so it does
-not ask either, and says so: an unbounded replacement loop would cost more than one click.
+help. Where no network volume is mounted at BASE_PATH, the worker cannot count, so it does not ask
+either, and says so: an unbounded replacement loop would cost more than one click. A volume is a
+mount point (`os.path.ismount`): the image's HF_HOME lies under BASE_PATH, so without a volume the
+engine's download creates BASE_PATH on the container's own disk, and a ledger there would die with
+each container and count every fault as the first. The same holds where the file cannot be written.
 
 A cause in the configuration never asks: a fresh worker would fail the same way.
 """
@@ -30,7 +33,8 @@ from typing import Callable, Sequence
 log = logging.getLogger("vllm_worker")
 
 # Failures whose fix is another machine (diagnosis kinds); everything else is the configuration's or unknown.
-FRESH_MACHINE_KINDS = frozenset({"host_fault", "memory_held", "profiling_race"})
+# "gpu_check": a GPU that failed the worker's own allocation test before any launch (engine.machine_checks).
+FRESH_MACHINE_KINDS = frozenset({"host_fault", "memory_held", "profiling_race", "gpu_check"})
 WINDOW_S = 3600.0
 STATE_FOLDER = ".vllm-worker"
 LEDGER_FILE = "fresh-workers.json"
@@ -56,8 +60,8 @@ def decide(message: str, kind: str | None, recent: int | None, limit: int, base_
         return Decision(
             False,
             f"{message} The worker did not ask the platform for a fresh worker itself: it counts the fresh "
-            f"workers it asks for on the network volume, and none is writable at BASE_PATH={base_path} "
-            f"({problem}); attach a network volume so it can.",
+            f"workers it asks for on the network volume, and no writable volume is mounted at "
+            f"BASE_PATH={base_path} ({problem}); attach a network volume so it can.",
         )
     if recent >= limit:
         return Decision(
@@ -126,11 +130,28 @@ def _entries(text: str) -> list[dict[str, object]]:
     return [e for e in entries or [] if isinstance(e, dict) and isinstance(e.get("at"), (int, float))]
 
 
-def answer(message: str, kind: str | None, limit: int, base_path: str, ask: Callable[[], None]) -> Decision:
+def not_a_volume(base_path: str) -> str:
+    """Why BASE_PATH is not a network volume, when nothing is mounted there."""
+    if os.path.isdir(base_path):
+        return "it is a folder of the container's disk, not a mounted volume"
+    return "nothing is mounted there"
+
+
+def answer(
+    message: str,
+    kind: str | None,
+    limit: int,
+    base_path: str,
+    ask: Callable[[], None],
+    mounted: Callable[[str], bool] = os.path.ismount,
+) -> Decision:
     """Decide for a failure, record the fresh worker in the ledger, and ask the platform for it (`ask`)."""
     if kind not in FRESH_MACHINE_KINDS or limit == 0:
         return decide(message, kind, 0, limit, base_path)
-    recent, recorded, problem = Ledger(base_path).record_if_below(limit, kind)
+    if mounted(base_path):
+        recent, recorded, problem = Ledger(base_path).record_if_below(limit, kind)
+    else:
+        recent, recorded, problem = None, False, not_a_volume(base_path)
     decision = decide(message, kind, recent, limit, base_path, problem)
     if decision.refresh and recorded:
         log.warning("a fault of the machine (%s): asking the platform for a fresh worker after the next job", kind)

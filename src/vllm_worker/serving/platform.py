@@ -12,8 +12,18 @@ What the SDK does not do the way this worker needs, kept here in one place:
   sent again (never "the engine died"); a second signal does that at once. `main` stops the engine
   after the loop ends. Runpod documents 5 s between SIGTERM and SIGKILL (the spot-instance note of
   its Pods pricing page, https://docs.runpod.io/pods/pricing, runpod/docs until commit 8e5aebdb),
-  its serverless pages name no figure, so DRAIN_TIMEOUT defaults to 3 s: 2 s are left to post the
-  answers.
+  its serverless pages name no figure, so DRAIN_TIMEOUT defaults to 3 s, counted from the signal, and
+  the answers of the jobs cut then must be posted by KILL_AFTER_S (5 s) after the signal: the wait for
+  them ends there (`post_deadline`). A DRAIN_TIMEOUT above 4 s declares a longer window than the
+  documented one; the posting then gets MIN_POST_S (1 s) after the cut.
+- The SDK's fitness checks (`rp_fitness.run_fitness_checks`, which `worker.run_worker` awaits before
+  the job loop) `os._exit(1)` the worker on any failure, after the engine holds the machine's memory
+  and disk. The worker makes the equivalent checks itself at the start (engine.machine_checks) and
+  answers a failure on every job; `keep_sdk_checks_off` replaces the SDK's run with one log line
+  naming what the worker's checks found. The SDK's unhealthy report (`_report_unhealthy`, a GET to
+  the ping URL with status=unhealthy, check and reason) is a best-effort event sent just before that
+  exit, for the platform's records; it neither replaces the worker nor says it still answers jobs,
+  and the heartbeat that follows would contradict it, so a machine fault asks with `refresh_worker`.
 - A fresh worker (`ask_for_fresh_worker`): for a generator handler the SDK reads `refresh_worker`
   from the config dict given to `runpod.serverless.start` after each job (rp_job.handle_job sets
   `stopPod` in the result, rp_scale.JobScaler.handle_job ends the loop).
@@ -40,6 +50,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any, AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 
@@ -49,8 +60,15 @@ from vllm_worker.serving.state import WorkerState
 log = logging.getLogger("vllm_worker")
 
 TEST_INPUT_FILE = "test_input.json"
-# After the interrupted jobs' requests are cut, how long their answers may take to be posted.
-ANSWER_POST_S = 5.0
+# The platform's SIGKILL after SIGTERM (the figure Runpod documents): the answers of cut jobs are posted before it.
+KILL_AFTER_S = 5.0
+# When DRAIN_TIMEOUT declares a window longer than KILL_AFTER_S, what the posting gets after the cut.
+MIN_POST_S = 1.0
+
+
+def post_deadline(signal_at: float, drain_timeout: float) -> float:
+    """When the wait for the cut jobs' answers to be posted ends (same clock as `signal_at`)."""
+    return signal_at + max(KILL_AFTER_S, drain_timeout + MIN_POST_S)
 
 
 def new_job_sentence() -> str:
@@ -93,6 +111,7 @@ class Shutdown:
         self.phase = "starting"  # "starting", "jobs" (the SDK's job loop), "local" (uvicorn's own)
         self.state: WorkerState | None = None
         self.drain_timeout = 0.0
+        self.signal_at: float | None = None  # time.monotonic() of the first signal
         self._owner = os.getpid()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._scaler: Any = None
@@ -114,6 +133,8 @@ class Shutdown:
             # A child forked by the SDK (its heartbeat) inherits this handler; the engine is not its to stop.
             os._exit(128 + signum)
         self.signals += 1
+        if self.signal_at is None:
+            self.signal_at = time.monotonic()
         if self.phase == "starting":
             log.info("signal %d during startup: stopping the engine", signum)
             self._stop_engine()
@@ -190,9 +211,11 @@ class Shutdown:
         if not self._requested.is_set():
             await work  # refresh_worker: the SDK ends the loop once its jobs are answered
             return
+        signal_at = self.signal_at if self.signal_at is not None else time.monotonic()
         at_once = asyncio.create_task(self._at_once.wait())
         try:
-            await asyncio.wait({work, at_once}, timeout=self.drain_timeout, return_when=asyncio.FIRST_COMPLETED)
+            left = max(0.0, signal_at + self.drain_timeout - time.monotonic())
+            await asyncio.wait({work, at_once}, timeout=left, return_when=asyncio.FIRST_COMPLETED)
         finally:
             at_once.cancel()
         if work.done():
@@ -200,7 +223,8 @@ class Shutdown:
         if self.state is not None:
             cut = handler_mod.interrupt_running(self.state, stopped_sentence(self.drain_timeout, self._at_once.is_set()))
             log.warning("the worker stops with jobs still running: %d request(s) to the engine cut, each answered that it can be sent again", cut)
-        await asyncio.wait({work}, timeout=ANSWER_POST_S)
+        # The SIGKILL ends the process then anyway: the loop winds down rather than be killed mid-post.
+        await asyncio.wait({work}, timeout=max(0.0, post_deadline(signal_at, self.drain_timeout) - time.monotonic()))
 
 
 _config: dict[str, Any] | None = None
@@ -265,6 +289,33 @@ def patch_job_loop(
     scaler.run = run_with_drain  # type: ignore[method-assign]
 
 
+_checks_found: list[str] = []
+
+
+def record_machine_checks(lines: Sequence[str]) -> None:
+    """What the worker's own machine checks found (one line each), for the line that replaces the SDK's checks."""
+    _checks_found[:] = list(lines)
+
+
+def keep_sdk_checks_off() -> None:
+    """The SDK's fitness checks never run in this worker: `worker.run_worker` awaits the name
+    `run_fitness_checks` it imported from rp_fitness; that name is replaced by one log line."""
+    from runpod.serverless import worker as sdk_worker
+
+    if getattr(sdk_worker.run_fitness_checks, "_vllm_worker", False):
+        return
+
+    async def worker_made_its_checks() -> None:
+        log.info(
+            "the runpod SDK's fitness checks are not run: one failing now would exit a worker that answers jobs; "
+            "the worker checked its machine at the start (%s)",
+            "; ".join(_checks_found) or "no checks ran",
+        )
+
+    worker_made_its_checks._vllm_worker = True  # type: ignore[attr-defined]
+    sdk_worker.run_fitness_checks = worker_made_its_checks  # type: ignore[attr-defined]
+
+
 def serve(
     handler: Callable[[dict[str, Any]], AsyncGenerator[Any, None]],
     close_session: Callable[[], Awaitable[None]],
@@ -286,6 +337,7 @@ def serve(
 
     local_api = any(arg.startswith("--rp_serve_api") for arg in sys.argv[1:]) or bool(os.environ.get("RUNPOD_REALTIME_PORT"))
     patch_job_loop(shutdown, close_session, local_api)
+    keep_sdk_checks_off()
     shutdown.serving(state, drain_timeout, local_api)
     _config = {
         "handler": handler,
