@@ -159,7 +159,10 @@ def _serve_until_answered(
     settings = settings_mod.load(ENV)
 
     def fresh_worker(sentence: str, kind: str | None) -> str:
-        decision = fresh_machine.answer(sentence, kind, limit, str(volume), lambda: asks.append(sentence))
+        # The folder stands for a mounted volume here (the mount itself is test_engine_death's).
+        decision = fresh_machine.answer(
+            sentence, kind, limit, str(volume), lambda: asks.append(sentence), mounted=lambda _path: True
+        )
         return decision.sentence
 
     watcher = EngineMonitor(
