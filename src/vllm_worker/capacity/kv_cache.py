@@ -57,7 +57,9 @@ def kv_heads_per_rank(facts: ModelFacts, tensor_parallel_size: int = 1) -> int:
     return max(1, facts.num_kv_heads // max(1, tensor_parallel_size))
 
 
-def kv_bytes_per_token_per_layer(facts: ModelFacts, tensor_parallel_size: int = 1, kv_cache_dtype: str = "auto", dtype: str = "auto") -> int:
+def kv_bytes_per_token_per_layer(
+    facts: ModelFacts, tensor_parallel_size: int = 1, kv_cache_dtype: str = "auto", dtype: str = "auto"
+) -> int:
     """One layer's KV bytes per token on one GPU: 2 x kv_heads x head_dim x bytes; MLA: latent x bytes."""
     size = kv_dtype_bytes(facts, kv_cache_dtype, dtype)
     if facts.mla:

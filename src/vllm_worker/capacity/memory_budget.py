@@ -32,7 +32,7 @@ from vllm_worker.capacity.kv_cache import (
     longest_fitting_len,
     model_dtype_bytes,
 )
-from vllm_worker.capacity.model_facts import DTYPE_BITS, FLOAT_DTYPES, GiB, MiB, CapacityError, ModelFacts, estimate_params
+from vllm_worker.capacity.model_facts import DTYPE_BITS, FLOAT_DTYPES, CapacityError, GiB, MiB, ModelFacts, estimate_params
 from vllm_worker.capacity.plan_settings import Knobs
 from vllm_worker.config.settings import multiple_of_8_at_least
 

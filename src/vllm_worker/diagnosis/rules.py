@@ -325,7 +325,8 @@ _SETTINGS_RULES: tuple[Rule, ...] = (
         r"|(?:NameResolutionError|Temporary failure in name resolution|Failed to resolve|ConnectError|ReadTimeout"
         r"|ProxyError|SSLError|Network is unreachable|Connection refused).*(?:huggingface|hf\.co)"
         r"|An error happened while trying to locate the files? on the Hub and we cannot find the"
-        r"|(?:MaxRetryError|ConnectionError|ConnectTimeout).*huggingface\.co|LocalEntryNotFoundError: (?:An error happened|Connection error)",
+        r"|(?:MaxRetryError|ConnectionError|ConnectTimeout).*huggingface\.co"
+        r"|LocalEntryNotFoundError: (?:An error happened|Connection error)",
         seen="transformers utils/hub.py, huggingface_hub (all versions)",
     ),
     Rule(

@@ -18,9 +18,9 @@ import signal
 from typing import Sequence
 
 from vllm_worker.config.profile import LaunchProfile
-from vllm_worker.diagnosis.verdict import Diagnosis, Failure, Tried, changes_text, compose, evidence_of, scrubbed
 from vllm_worker.diagnosis.rules import Hit, clean_lines, find_hits
 from vllm_worker.diagnosis.startup_errors import host_fault_words
+from vllm_worker.diagnosis.verdict import Diagnosis, Failure, Tried, changes_text, compose, evidence_of, scrubbed
 
 # --- the engine died while serving ------------------------------------------------------------
 

@@ -30,6 +30,7 @@ also waits for the free figure to stop rising; see ``settled`` for the rule.
 from __future__ import annotations
 
 import glob
+import importlib
 import math
 import os
 import shutil
@@ -206,7 +207,7 @@ def probe_nvml(selectors: Sequence[Selector], nvml: Any = None) -> list[DeviceMe
     """Read the devices through NVML; None when NVML is missing or fails (no driver, no library)."""
     try:
         if nvml is None:
-            import pynvml as nvml  # nvidia-ml-py
+            nvml = importlib.import_module("pynvml")  # nvidia-ml-py
         nvml.nvmlInit()
     except Exception:  # ImportError, or NVMLError for a missing driver/library
         return None
@@ -441,7 +442,7 @@ def list_gpus(nvml: Any = None, run: Callable[[list[str]], str | None] = _run) -
     """The names of the NVIDIA GPUs the container has (NVML, else ``nvidia-smi``); None when neither lists one."""
     try:
         if nvml is None:
-            import pynvml as nvml  # nvidia-ml-py
+            nvml = importlib.import_module("pynvml")  # nvidia-ml-py
         nvml.nvmlInit()
         try:
             names = [_text(nvml.nvmlDeviceGetName(nvml.nvmlDeviceGetHandleByIndex(i))) for i in range(nvml.nvmlDeviceGetCount())]

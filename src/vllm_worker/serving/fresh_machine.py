@@ -28,7 +28,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 log = logging.getLogger("vllm_worker")
 
@@ -121,7 +121,7 @@ class Ledger:
             return None, False, error.strerror or type(error).__name__
 
 
-def _entries(text: str) -> list[dict[str, object]]:
+def _entries(text: str) -> list[dict[str, Any]]:
     try:
         data = json.loads(text) if text.strip() else {}
     except ValueError:
