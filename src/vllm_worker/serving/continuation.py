@@ -51,7 +51,8 @@ REASONS: dict[str, str] = {
     "parsed": "the engine parsed its output into reasoning or tool calls, which a plain continuation would not do",
     "timeout": "it had run past REQUEST_TIMEOUT",
     "again": "it had been continued once already and the engine stopped again, so it is not continued a second time",
-    "stopping": "the worker is stopping or its engine is not restarted",
+    "stopping": "the platform is stopping the worker",
+    "spent": "the engine is not restarted",  # the death's own sentence says so: answered as it is
     "unknown": "the engine had not said which tokens it had sent",
 }
 
@@ -100,6 +101,8 @@ def refusal(path: str, body: dict[str, Any]) -> str | None:
 
 def not_continued_sentence(death: str, reason: str) -> str:
     """The answer of a job that was not continued: the death's sentence, then why."""
+    if reason == "spent":
+        return death
     return f"{death} It was not continued on the restarted engine: {REASONS[reason]}."
 
 
@@ -156,22 +159,25 @@ class StreamLedger:
     def prompt_tokens(self) -> int:
         return len(self.prompt_ids or ())
 
-    def _client_view(self, payload: dict[str, Any]) -> dict[str, Any] | None:
-        """The event as the client would have had it (ids nulled unless asked), or None to drop it."""
+    def _client_view(self, payload: dict[str, Any]) -> tuple[dict[str, Any] | None, bool]:
+        """The event as the client would have had it (ids nulled unless asked; None: drop it), and
+        whether that differs from what the engine sent."""
         if self.client_ids:
-            return payload
-        if "prompt_token_ids" in payload:
-            payload["prompt_token_ids"] = None
-        for choice in payload.get("choices") or ():
-            if isinstance(choice, dict):
-                for key in ("prompt_token_ids", "token_ids"):
-                    if key in choice:
-                        choice[key] = None
-                delta = choice.get("delta")
-                if self.chat and delta == {} and choice.get("finish_reason") is None and len(payload["choices"]) == 1:
-                    if payload.get("usage") is None:
-                        return None  # sent only because ids were asked for
-        return payload
+            return payload, False
+        changed = False
+        if payload.get("prompt_token_ids") is not None:
+            payload["prompt_token_ids"], changed = None, True
+        choices = payload.get("choices") or ()
+        for choice in choices:
+            if not isinstance(choice, dict):
+                continue
+            for key in ("prompt_token_ids", "token_ids"):
+                if choice.get(key) is not None:
+                    choice[key], changed = None, True
+            if self.chat and changed and len(choices) == 1 and choice.get("delta") == {}:
+                if choice.get("finish_reason") is None and payload.get("usage") is None:
+                    return None, True  # sent only because ids were asked for
+        return payload, changed
 
     def first(self, events: list[str]) -> str:
         """The client's text for `events` (whole SSE events) of the original request."""
@@ -190,9 +196,9 @@ class StreamLedger:
                 out.append(event)
                 continue
             self._note(payload)
-            view = self._client_view(payload)
+            view, changed = self._client_view(payload)
             if view is not None:
-                out.append(_dump(view) if not self.client_ids else event)
+                out.append(_dump(view) if changed else event)
                 self.events += 1
         return "".join(out)
 
@@ -348,6 +354,7 @@ def notice_comment(kept: int, cause: str, profile: dict[str, Any] | None) -> str
 
 def why_not(
     stopping: bool,
+    spent: bool,
     resent: int,
     elapsed: float,
     request_timeout: float,
@@ -357,12 +364,14 @@ def why_not(
 ) -> str | None:
     """Why a job running at a death is answered rather than continued (a REASONS key), or None.
 
-    stopping: the platform stops the worker or the engine is not restarted; resent: the job was
+    stopping: the platform stops the worker; spent: the engine is not restarted; resent: the job was
     continued already; refused: `refusal` of a streamed job's request; ledger: what its client
     was sent (None for a plain job, which is sent again whole).
     """
     if stopping:
         return "stopping"
+    if spent:
+        return "spent"
     if resent:
         return "again"
     if elapsed >= request_timeout:
