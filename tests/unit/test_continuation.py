@@ -117,7 +117,7 @@ def test_why_a_running_job_is_answered_rather_than_continued(args: tuple[Any, ..
 
 def test_a_completion_stream_keeps_its_ids_and_shows_the_client_the_events_it_would_have_had() -> None:
     ledger = StreamLedger(chat=False, client_ids=False)
-    sent = ledger.first([event(completion_chunk(" Hello", [22557], first=True)), event(completion_chunk(" world", [3186]))])
+    sent = ledger.first("".join([event(completion_chunk(" Hello", [22557], first=True)), event(completion_chunk(" world", [3186]))]))
 
     assert ledger.prompt_ids == PROMPT_IDS and ledger.ids == [22557, 3186]
     shown = payloads(sent)
@@ -129,12 +129,12 @@ def test_a_completion_stream_keeps_its_ids_and_shows_the_client_the_events_it_wo
 def test_a_client_that_asked_for_ids_gets_the_events_untouched() -> None:
     ledger = StreamLedger(chat=False, client_ids=True)
     events = [event(completion_chunk(" Hello", [22557], first=True))]
-    assert ledger.first(events) == events[0]
+    assert ledger.first("".join(events)) == events[0]
 
 
 def test_chat_drops_the_empty_chunks_sent_only_for_the_ids_and_notes_parsed_output() -> None:
     ledger = StreamLedger(chat=True, client_ids=False)
-    sent = ledger.first([event(chat_chunk(None, None, first=True)), event(chat_chunk(None, [5])), event(chat_chunk("Hi", [6]))])
+    sent = ledger.first("".join([event(chat_chunk(None, None, first=True)), event(chat_chunk(None, [5])), event(chat_chunk("Hi", [6]))]))
     shown = payloads(sent)
     assert [c["choices"][0]["delta"] for c in shown] == [{"role": "assistant", "content": ""}, {"content": "Hi"}]
     assert shown[0]["prompt_token_ids"] is None
@@ -142,20 +142,20 @@ def test_chat_drops_the_empty_chunks_sent_only_for_the_ids_and_notes_parsed_outp
 
     reasoning = chat_chunk("x", [7])
     reasoning["choices"][0]["delta"] = {"reasoning": "think"}
-    ledger.first([event(reasoning)])
+    ledger.first("".join([event(reasoning)]))
     assert ledger.blocker() == "parsed"
 
 
 def test_a_stream_cut_before_its_first_event_may_be_sent_again_and_one_without_ids_may_not() -> None:
     assert StreamLedger(chat=False, client_ids=False).blocker() is None
     ledger = StreamLedger(chat=False, client_ids=False)
-    ledger.first([event({"id": "cmpl-1", "choices": [{"index": 0, "text": "a"}]})])
+    ledger.first("".join([event({"id": "cmpl-1", "choices": [{"index": 0, "text": "a"}]})]))
     assert ledger.blocker() == "unknown"
 
 
 def test_the_continuation_of_a_completion_sends_the_prompt_and_sent_ids_and_what_remains() -> None:
     ledger = StreamLedger(chat=False, client_ids=False)
-    ledger.first([event(completion_chunk(" Hello", [22557], first=True)), event(completion_chunk(" world", [3186]))])
+    ledger.first("".join([event(completion_chunk(" Hello", [22557], first=True)), event(completion_chunk(" world", [3186]))]))
     body = {"model": "m", "prompt": "Say", "max_tokens": 600, "min_tokens": 600, "temperature": 0, "stream": True}
 
     rest = continuation_body(body, False, ledger)
@@ -167,7 +167,7 @@ def test_the_continuation_of_a_completion_sends_the_prompt_and_sent_ids_and_what
 
 def test_the_continuation_of_a_chat_is_a_completion_with_the_shared_sampling_fields_only() -> None:
     ledger = StreamLedger(chat=True, client_ids=False)
-    ledger.first([event(chat_chunk(None, None, first=True)), event(chat_chunk("Hi", [6]))])
+    ledger.first("".join([event(chat_chunk(None, None, first=True)), event(chat_chunk("Hi", [6]))]))
     body = {
         "model": "m", "messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 10, "top_k": 1,
         "stream": True, "stream_options": {"include_usage": True}, "chat_template_kwargs": {},
@@ -183,7 +183,7 @@ def test_the_continuation_of_a_chat_is_a_completion_with_the_shared_sampling_fie
 
 def test_a_continued_chat_stream_carries_on_in_the_chat_shape_and_its_usage_adds_up() -> None:
     ledger = StreamLedger(chat=True, client_ids=False)
-    ledger.first([event(chat_chunk(None, None, first=True)), event(chat_chunk("Hi", [6])), event(chat_chunk(" there", [7]))])
+    ledger.first("".join([event(chat_chunk(None, None, first=True)), event(chat_chunk("Hi", [6])), event(chat_chunk(" there", [7]))]))
     ledger.continued, ledger.kept = True, len(ledger.ids)
     cont = [
         {"id": "cmpl-9", "object": "text_completion", "created": 200, "model": "m",
@@ -195,7 +195,7 @@ def test_a_continued_chat_stream_carries_on_in_the_chat_shape_and_its_usage_adds
          "usage": {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}},
     ]  # fmt: skip
 
-    shown = payloads(ledger.second([event(c) for c in cont] + ["data: [DONE]\n\n"]))
+    shown = payloads(ledger.second("".join([event(c) for c in cont] + ["data: [DONE]\n\n"])))
 
     assert {c["id"] for c in shown} == {"chatcmpl-1"} and {c["created"] for c in shown} == {100}
     assert {c["object"] for c in shown} == {"chat.completion.chunk"}
@@ -207,12 +207,12 @@ def test_a_continued_chat_stream_carries_on_in_the_chat_shape_and_its_usage_adds
 
 def test_a_continued_completion_stream_keeps_the_first_requests_id_and_no_second_prompt() -> None:
     ledger = StreamLedger(chat=False, client_ids=True)
-    ledger.first([event(completion_chunk(" Hello", [22557], first=True))])
+    ledger.first("".join([event(completion_chunk(" Hello", [22557], first=True))]))
     ledger.continued, ledger.kept = True, 1
     cont = completion_chunk(" world", [3186], first=True)
     cont["id"], cont["created"] = "cmpl-2", 200
 
-    shown = payloads(ledger.second([event(cont)]))
+    shown = payloads(ledger.second("".join([event(cont)])))
 
     assert shown[0]["id"] == "cmpl-1" and shown[0]["created"] == 100
     assert shown[0]["choices"][0]["prompt_token_ids"] is None and shown[0]["choices"][0]["token_ids"] == [3186]
@@ -220,7 +220,7 @@ def test_a_continued_completion_stream_keeps_the_first_requests_id_and_no_second
 
 def test_a_stream_that_had_every_token_ends_with_a_finish_its_usage_and_done() -> None:
     ledger = StreamLedger(chat=False, client_ids=False)
-    ledger.first([event(completion_chunk(" Hello", [22557], first=True)), event(completion_chunk(" world", [3186]))])
+    ledger.first("".join([event(completion_chunk(" Hello", [22557], first=True)), event(completion_chunk(" world", [3186]))]))
     text = ledger.closing({"max_tokens": 2, "stream_options": {"include_usage": True}})
     shown = payloads(text)
     assert shown[0]["choices"][0]["finish_reason"] == "length"
@@ -250,12 +250,12 @@ def test_one_stream_across_a_cut_has_every_token_once_and_the_same_text(
     before, after = (whole[: len(head) + cut], whole[len(head) + cut :]) if chat else (whole[:cut], whole[cut:])
 
     ledger = StreamLedger(chat=chat, client_ids=ids)
-    client = ledger.first([event(p) for p in before])
+    client = ledger.first("".join([event(p) for p in before]))
     if ledger.prompt_ids is None:
         return  # nothing was sent: the job is sent again whole
     ledger.continued, ledger.kept = True, len(ledger.ids)
     rest = [completion_chunk(p["choices"][0].get("text", p["choices"][0].get("delta", {}).get("content") or ""), p["choices"][0]["token_ids"]) for p in after]
-    client += ledger.second([event(p) for p in rest])
+    client += ledger.second("".join([event(p) for p in rest]))
 
     def text_of(chunks: list[Any]) -> str:
         return "".join((c["choices"][0].get("delta", {}).get("content") or "") if chat else c["choices"][0]["text"] for c in chunks if c["choices"])

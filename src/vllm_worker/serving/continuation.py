@@ -28,6 +28,7 @@ nothing, so it is sent again whole, which is the same request whatever its field
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -113,6 +114,25 @@ def asking_for_ids(body: dict[str, Any]) -> dict[str, Any]:
     return {**body, "return_token_ids": True}
 
 
+_PROMPT_IDS = re.compile(r'"prompt_token_ids":\[([0-9,\s]*)\]')
+_TOKEN_IDS = re.compile(r'"token_ids":\[([0-9,\s]*)\]')
+
+
+_EVENT = re.compile(r".*?(?:\r\n\r\n|\n\n)", re.S)
+
+
+def split(batch: str) -> list[str]:
+    """Whole SSE events, each with its terminator (vLLM ends each with a blank line, no CR)."""
+    if "\r" in batch:
+        return _EVENT.findall(batch)
+    parts = batch.split("\n\n")
+    return [part + "\n\n" for part in parts[:-1]]
+
+
+def _ids(text: str) -> list[int]:
+    return [int(part) for part in text.split(",") if part.strip()]
+
+
 def _dump(payload: Any) -> str:
     return "data: " + json.dumps(payload, ensure_ascii=False, separators=(",", ":")) + "\n\n"
 
@@ -159,62 +179,45 @@ class StreamLedger:
     def prompt_tokens(self) -> int:
         return len(self.prompt_ids or ())
 
-    def _client_view(self, payload: dict[str, Any]) -> tuple[dict[str, Any] | None, bool]:
-        """The event as the client would have had it (ids nulled unless asked; None: drop it), and
-        whether that differs from what the engine sent."""
-        if self.client_ids:
-            return payload, False
-        changed = False
-        if payload.get("prompt_token_ids") is not None:
-            payload["prompt_token_ids"], changed = None, True
-        choices = payload.get("choices") or ()
-        for choice in choices:
-            if not isinstance(choice, dict):
-                continue
-            for key in ("prompt_token_ids", "token_ids"):
-                if choice.get(key) is not None:
-                    choice[key], changed = None, True
-            if self.chat and changed and len(choices) == 1 and choice.get("delta") == {}:
-                if choice.get("finish_reason") is None and payload.get("usage") is None:
-                    return None, True  # sent only because ids were asked for
-        return payload, changed
+    def first(self, batch: str) -> str:
+        """The client's text for `batch` (whole SSE events) of the original request.
 
-    def first(self, events: list[str]) -> str:
-        """The client's text for `events` (whole SSE events) of the original request."""
+        Read without a JSON round trip (a few regular expressions an event): token ids are plain
+        digit lists, and a JSON string holds no unescaped quote, so `"token_ids":[` is only ever
+        the field. The first event, and any a parser may have shaped, are read as JSON.
+        """
+        if self.stream_id is not None and '_ids":[' not in batch and not (self.chat and ('"reasoning' in batch or '"tool_calls"' in batch)):
+            self.events += 1
+            return batch  # nothing to read or hide (an engine that names no ids)
         out: list[str] = []
-        for event in events:
-            data = _data(event)
-            if data is None or data == "[DONE]":
-                out.append(event)
-                continue
-            try:
-                payload = json.loads(data)
-            except ValueError:
-                out.append(event)
-                continue
-            if not isinstance(payload, dict):
-                out.append(event)
-                continue
-            self._note(payload)
-            view, changed = self._client_view(payload)
-            if view is not None:
-                out.append(_dump(view) if changed else event)
+        for event in split(batch):
+            if self.stream_id is None or (self.chat and ('"reasoning' in event or '"tool_calls"' in event)):
+                data = _data(event)
+                try:
+                    payload = json.loads(data) if data and data != "[DONE]" else None
+                except ValueError:
+                    payload = None
+                if isinstance(payload, dict):
+                    self._note_parsed(payload)
+            prompt = _PROMPT_IDS.search(event)
+            if prompt is not None:
+                self.prompt_ids = _ids(prompt.group(1))
+            for found in _TOKEN_IDS.finditer(event):
+                self.ids.extend(_ids(found.group(1)))
+            if not self.client_ids and (prompt is not None or '"token_ids":[' in event):
+                event = _TOKEN_IDS.sub('"token_ids":null', _PROMPT_IDS.sub('"prompt_token_ids":null', event))
+                if self.chat and '"delta":{}' in event and '"finish_reason":null' in event and '"usage"' not in event:
+                    continue  # sent only because ids were asked for
+            if event.startswith("data:"):
                 self.events += 1
+            out.append(event)
         return "".join(out)
 
-    def _note(self, payload: dict[str, Any]) -> None:
+    def _note_parsed(self, payload: dict[str, Any]) -> None:
         if self.stream_id is None and isinstance(payload.get("id"), str):
             self.stream_id, self.created, self.model = payload.get("id"), payload.get("created"), payload.get("model")
-        if isinstance(payload.get("prompt_token_ids"), list):
-            self.prompt_ids = list(payload["prompt_token_ids"])
         for choice in payload.get("choices") or ():
-            if not isinstance(choice, dict):
-                continue
-            if isinstance(choice.get("prompt_token_ids"), list):
-                self.prompt_ids = list(choice["prompt_token_ids"])
-            if isinstance(choice.get("token_ids"), list):
-                self.ids.extend(choice["token_ids"])
-            delta = choice.get("delta")
+            delta = choice.get("delta") if isinstance(choice, dict) else None
             if isinstance(delta, dict) and (delta.get("reasoning") or delta.get("reasoning_content") or delta.get("tool_calls")):
                 self.parsed = True
 
@@ -226,10 +229,10 @@ class StreamLedger:
             return None if self.events == 0 and not self.ids else "unknown"
         return None
 
-    def second(self, events: list[str]) -> str:
-        """The client's text for the continuation's `events`."""
+    def second(self, batch: str) -> str:
+        """The client's text for the continuation's `batch` (whole SSE events)."""
         out: list[str] = []
-        for event in events:
+        for event in split(batch):
             data = _data(event)
             if data is None or data == "[DONE]":
                 out.append(event)

@@ -586,8 +586,7 @@ async def handler(job: dict[str, Any]) -> AsyncGenerator[Any, None]:
                             if '"error"' in batch:
                                 batch, failure = stream_error(batch)
                             if batch and ledger is not None:
-                                events = split_events(batch)
-                                batch = ledger.second(events) if ledger.continued else ledger.first(events)
+                                batch = ledger.second(batch) if ledger.continued else ledger.first(batch)
                             if batch:
                                 yield batch
                                 last = batch
@@ -598,8 +597,7 @@ async def handler(job: dict[str, Any]) -> AsyncGenerator[Any, None]:
                             if rest.strip():
                                 rest, failure = stream_error(rest.rstrip("\r\n") + "\n\n")
                                 if rest and ledger is not None:
-                                    events = split_events(rest)
-                                    rest = ledger.second(events) if ledger.continued else ledger.first(events)
+                                    rest = ledger.second(rest) if ledger.continued else ledger.first(rest)
                                 if rest:
                                     yield rest
                                     last = rest
