@@ -9,7 +9,12 @@ death noticed, the longer prompt prefilled, the stream rejoined). Prints the thr
 
     ratio = (disturbed - relaunch) / undisturbed     (1.00: the continuation adds nothing)
 
-    flock /tmp/vllm-engine.lock .venv/bin/python bench/continuation.py [--tokens 600] [--rounds 1]
+With --share it then runs the engine test's four jobs (completion and chat, streamed and plain,
+600 tokens, temperature 0) undisturbed and with a kill, and prints how many of the four texts
+are identical to the undisturbed run's; --model serves another model folder (SmolLM2:
+.cache/smollm2-135m-instruct).
+
+    flock /tmp/vllm-engine.lock .venv/bin/python bench/continuation.py [--tokens 600] [--rounds 1] [--share] [--model DIR]
 """
 
 from __future__ import annotations
@@ -55,6 +60,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tokens", type=int, default=600)
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--share", action="store_true", help="also the four jobs' share identical after a kill")
+    parser.add_argument("--model", type=Path, default=None, help="a model folder (default: the built-in tiny Llama)")
     args = parser.parse_args()
     job = {
         "openai_route": "/v1/completions",
@@ -66,8 +73,11 @@ def main() -> None:
             "stream": True,
         },
     }
-    model = engine_env.make_tiny_model()
-    env = engine_env.tiny_worker_env(model, MAX_MODEL_LEN="2048", REQUEST_TIMEOUT="3600", WORKER_READY_TIMEOUT="600")
+    model = args.model.resolve() if args.model else engine_env.make_tiny_model()
+    env = engine_env.tiny_worker_env(
+        model, MAX_MODEL_LEN="2048", REQUEST_TIMEOUT="3600", WORKER_READY_TIMEOUT="600", MAX_CONCURRENCY="8",
+        KV_CACHE_MEMORY_BYTES=str(256 << 20),
+    )
     port = int(env["VLLM_PORT"])
     with ControlPlane() as cp:
         worker = WorkerProcess(env, control_plane=cp, workdir=Path(os.environ.get("TMPDIR", "/tmp"))).start()
@@ -105,6 +115,17 @@ def main() -> None:
                     f"round {round_}: undisturbed {undisturbed:.2f} s; disturbed {disturbed:.2f} s, of which the "
                     f"relaunch {relaunch:.2f} s; the continuation adds {disturbed - relaunch - undisturbed:+.2f} s; "
                     f"ratio (disturbed - relaunch) / undisturbed = {ratio:.2f}"
+                )
+            if args.share:
+                from tests.engine import test_continuation_real_engine as four
+
+                base = four.run_round(cp, port)
+                killed_round = four.run_round(cp, port, lambda: kill_engine(worker))
+                same = [name for name in four.JOBS if killed_round[name]["text"] == base[name]["text"]]
+                whole = [name for name in four.JOBS if killed_round[name]["usage"]["completion_tokens"] == four.TOKENS]
+                print(
+                    f"{model.name}: after a kill, {len(whole)}/4 complete whole; identical to the undisturbed run: "
+                    f"{len(same)}/4 {same}"
                 )
         finally:
             worker.stop(timeout=120)

@@ -181,6 +181,16 @@ def test_the_continuation_of_a_chat_is_a_completion_with_the_shared_sampling_fie
     }  # fmt: skip
 
 
+def test_a_chat_that_named_no_max_tokens_runs_on_to_the_end_of_the_context() -> None:
+    ledger = StreamLedger(chat=True, client_ids=False)
+    ledger.first(event(chat_chunk(None, None, first=True)) + event(chat_chunk("Hi", [6])))
+    body = {"model": "m", "messages": [], "stream": True}
+    assert continuation_body(body, True, ledger, 2048)["max_tokens"] == 2048
+    assert "max_tokens" not in continuation_body(body, True, ledger)
+    assert continuation.remaining_tokens(body, 1) is None
+    assert continuation.remaining_tokens({"max_tokens": 5}, 5) == 0
+
+
 def test_a_continued_chat_stream_carries_on_in_the_chat_shape_and_its_usage_adds_up() -> None:
     ledger = StreamLedger(chat=True, client_ids=False)
     ledger.first("".join([event(chat_chunk(None, None, first=True)), event(chat_chunk("Hi", [6])), event(chat_chunk(" there", [7]))]))

@@ -313,8 +313,13 @@ class StreamLedger:
         return out + "data: [DONE]\n\n"
 
 
-def continuation_body(body: dict[str, Any], chat: bool, ledger: StreamLedger) -> dict[str, Any]:
-    """The /v1/completions body that asks for the rest of a streamed job (prompt ids + sent ids)."""
+def continuation_body(body: dict[str, Any], chat: bool, ledger: StreamLedger, context_length: int | None = None) -> dict[str, Any]:
+    """The /v1/completions body that asks for the rest of a streamed job (prompt ids + sent ids).
+
+    A job that named no max_tokens ran to the end of the context (chat's default); a completion's
+    default is 16 tokens, so the continuation names the context length (vLLM caps it at what the
+    context has left) where it is known.
+    """
     assert ledger.prompt_ids is not None
     kept = len(ledger.ids)
     if chat:
@@ -325,6 +330,8 @@ def continuation_body(body: dict[str, Any], chat: bool, ledger: StreamLedger) ->
         wanted = body.get("max_tokens")
     if wanted is not None:
         rest["max_tokens"] = max(int(wanted) - kept, 1)
+    elif context_length is not None:
+        rest["max_tokens"] = context_length
     else:
         rest.pop("max_tokens", None)
     if body.get("min_tokens"):

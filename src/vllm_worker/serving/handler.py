@@ -531,6 +531,7 @@ async def handler(job: dict[str, Any]) -> AsyncGenerator[Any, None]:
     )
     sent_body = continuation.asking_for_ids(body) if ledger is not None and body is not None else body
     data: Any = json.dumps(sent_body).encode() if is_json and not request.fill_max_tokens else None
+    effective = sent_body  # the body as sent, max_tokens filled in
     path = request.path
     retried = False
     resent = 0  # continuations sent (at most one)
@@ -547,7 +548,8 @@ async def handler(job: dict[str, Any]) -> AsyncGenerator[Any, None]:
         if resent and ledger is not None and ledger.continued:
             pass  # data is the continuation's body
         elif request.fill_max_tokens and sent_body is not None:
-            data = json.dumps(with_context_budget(sent_body, await _context_length(state, session))).encode()
+            effective = with_context_budget(sent_body, await _context_length(state, session))
+            data = json.dumps(effective).encode()
         elif request.form and body is not None:
             data = _form(body)
         started = False
@@ -645,17 +647,19 @@ async def handler(job: dict[str, Any]) -> AsyncGenerator[Any, None]:
                             return
                         if ledger is not None and ledger.prompt_ids is not None:
                             ledger.continued, ledger.kept = True, len(ledger.ids)
-                            remaining = continuation.remaining_tokens(body, ledger.kept)
+                            assert effective is not None
+                            remaining = continuation.remaining_tokens(effective, ledger.kept)
                             log.warning(
                                 "job %s continued on the restarted engine: %d tokens kept, %s to go",
                                 job_id, ledger.kept, "the rest" if remaining is None else remaining,
                             )
                             if remaining is not None and remaining <= 0:
                                 yield continuation.notice_comment(ledger.kept, _cause(state), state.profile)
-                                yield ledger.closing(body)
+                                yield ledger.closing(effective)
                                 return
                             path = continuation.COMPLETIONS
-                            data = json.dumps(continuation.continuation_body(body, ledger.chat, ledger)).encode()
+                            context = await _context_length(state, _get_session(state))
+                            data = json.dumps(continuation.continuation_body(effective, ledger.chat, ledger, context)).encode()
                         else:
                             log.warning("job %s sent again whole to the restarted engine (it had received nothing yet)", job_id)
                         continue
