@@ -121,3 +121,72 @@ async def test_a_seeded_stream_cut_by_a_death_is_answered_with_why(monkeypatch: 
     assert parts[-1] == {"error": continuation.not_continued_sentence(DEATH, "seed")}
     assert len(bodies) == 1 and "return_token_ids" not in bodies[0]
     assert state.continuations() == {"continued": 0, "answered": {"seed": 1}}
+
+
+async def test_a_job_cancelled_while_it_waits_for_the_relaunch_stays_cancelled(monkeypatch: Any) -> None:
+    bodies: list[dict[str, Any]] = []
+    runner, port = await serve(routes(bodies, asyncio.Event()))
+    state = WorkerState(served_model_name="m", port=port)
+    state.mark_ready()
+    entered = on_death_wait(monkeypatch)
+    job = {"openai_route": "/v1/completions", "openai_input": {"prompt": "x", "max_tokens": 4, "stream": True}}
+    task = asyncio.create_task(run_handler(state, job))
+    try:
+        await entered.wait()
+        state.record_death(DEATH)
+        while state.continuations()["continued"] == 0:  # held for the relaunch
+            await asyncio.sleep(0.01)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        state.mark_ready()
+        await asyncio.sleep(0.3)
+    finally:
+        await runner.cleanup()
+    assert task.cancelled()
+    assert len(bodies) == 1  # nothing was sent to the relaunched engine
+
+
+async def test_a_cancel_while_the_sdk_posts_a_chunk_closes_the_engine_request() -> None:
+    """The SDK cancels its job task while it posts a chunk: the handler's generator waits at a `yield`
+    and never sees the cancel, yet the engine's request must end (issue 22)."""
+    closed = asyncio.Event()
+    table = web.RouteTableDef()
+
+    @table.post("/v1/completions")
+    async def endless(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        try:
+            while True:
+                await response.write(sse(chunk(" a", [10])))
+                await asyncio.sleep(0.01)
+        except (ConnectionResetError, asyncio.CancelledError):
+            closed.set()
+            raise
+
+    runner, port = await serve(table)
+    state = WorkerState(served_model_name="m", port=port)
+    state.mark_ready()
+    from vllm_worker.serving import handler as handler_module
+
+    handler_module.configure(state)
+    posting = asyncio.Event()
+    kept: list[Any] = []  # the SDK keeps its generator referenced, so no garbage collection closes it
+
+    async def sdk_job() -> None:
+        generator = handler_module.handler({"id": "j", "input": {"openai_route": "/v1/completions", "openai_input": {"prompt": "x", "stream": True, "max_tokens": 10}}})
+        kept.append(generator)
+        async for _part in generator:
+            posting.set()
+            await asyncio.sleep(3600)  # posting the chunk to the platform, slowly
+
+    task = asyncio.create_task(sdk_job())
+    try:
+        await posting.wait()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await asyncio.wait_for(closed.wait(), timeout=30)
+    finally:
+        await handler_module.close_session()
+        await runner.cleanup()
+    assert closed.is_set()
