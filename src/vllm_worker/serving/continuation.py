@@ -107,6 +107,20 @@ def not_continued_sentence(death: str, reason: str) -> str:
     return f"{death} It was not continued on the restarted engine: {REASONS[reason]}."
 
 
+def for_stream(path: str, body: dict[str, Any] | None) -> tuple[str | None, "StreamLedger | None"]:
+    """For a streamed job: why it could not be continued (None: it could), and the ledger that reads its events."""
+    if body is None:
+        return None, None
+    refused = refusal(path, body)
+    return refused, (StreamLedger(path == CHAT, bool(body.get("return_token_ids"))) if refused is None else None)
+
+
+def last_cause(status: dict[str, Any]) -> str:
+    """The cause the monitor published for the last death or hang (the `after` of a continuation's notice)."""
+    causes = status.get("causes")
+    return str(causes[-1]) if isinstance(causes, list) and causes else "engine_died"
+
+
 def asking_for_ids(body: dict[str, Any]) -> dict[str, Any]:
     """The body sent to the engine for a streamed job that could be continued: with the token ids."""
     if body.get("return_token_ids"):

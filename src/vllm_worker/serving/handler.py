@@ -11,7 +11,8 @@ Why it is shaped this way:
   body, and the handler adds only what needs the engine (the context length a shorthand
   job's max_tokens runs to, read once from /v1/models) and relays the answer. Audio goes
   as multipart form data. Streams are relayed as whole SSE events (an
-  event is never split across two yielded chunks) without parsing their JSON, so
+  event is never split across two yielded chunks) without parsing their JSON (a
+  stream that could be continued has its token ids read by a regular expression), so
   the proxy costs next to nothing per token.
 - One aiohttp session per process, with a pool sized for MAX_CONCURRENCY: a session
   per request would open a new TCP connection for every job.
@@ -523,12 +524,7 @@ async def handler(job: dict[str, Any]) -> AsyncGenerator[Any, None]:
     is_json = body is not None and not request.form
     # A stream that could be continued asks for token ids, read off its events as they pass.
     continuable = is_json and request.path in continuation.ROUTES
-    refused = continuation.refusal(request.path, body) if continuable and request.stream and body is not None else None
-    ledger = (
-        continuation.StreamLedger(request.path == continuation.CHAT, bool(body.get("return_token_ids")))
-        if continuable and request.stream and refused is None and body is not None
-        else None
-    )
+    refused, ledger = continuation.for_stream(request.path, body) if continuable and request.stream else (None, None)
     sent_body = continuation.asking_for_ids(body) if ledger is not None and body is not None else body
     data: Any = json.dumps(sent_body).encode() if is_json and not request.fill_max_tokens else None
     effective = sent_body  # the body as sent, max_tokens filled in
@@ -576,7 +572,7 @@ async def handler(job: dict[str, Any]) -> AsyncGenerator[Any, None]:
                         )
                     elif response.headers.get("Content-Type", "").startswith("text/event-stream"):
                         if resent and ledger is not None and ledger.continued:
-                            yield continuation.notice_comment(ledger.kept, _cause(state), state.profile)
+                            yield continuation.notice_comment(ledger.kept, continuation.last_cause(state.status), state.profile)
                         elif state.profile is not None and not resent:
                             yield ": worker " + json.dumps(worker_notice(state.profile)) + "\n\n"
                         framer = SSEFramer()
@@ -654,7 +650,7 @@ async def handler(job: dict[str, Any]) -> AsyncGenerator[Any, None]:
                                 job_id, ledger.kept, "the rest" if remaining is None else remaining,
                             )
                             if remaining is not None and remaining <= 0:
-                                yield continuation.notice_comment(ledger.kept, _cause(state), state.profile)
+                                yield continuation.notice_comment(ledger.kept, continuation.last_cause(state.status), state.profile)
                                 yield ledger.closing(effective)
                                 return
                             path = continuation.COMPLETIONS
@@ -671,7 +667,7 @@ async def handler(job: dict[str, Any]) -> AsyncGenerator[Any, None]:
         if isinstance(output, dict) and output.get("error"):
             yield {"error": answered_error_sentence(output)}
         elif resent and isinstance(output, dict):
-            output["worker"] = continuation.notice(0, _cause(state), state.profile)
+            output["worker"] = continuation.notice(0, continuation.last_cause(state.status), state.profile)
             yield output
         else:
             yield _with_notice(output, state)
@@ -684,9 +680,3 @@ def _closer(response: aiohttp.ClientResponse) -> Any:
         response.close()
 
     return close
-
-
-def _cause(state: WorkerState) -> str:
-    causes = state.status.get("causes")
-    return str(causes[-1]) if isinstance(causes, list) and causes else "engine_died"
-
