@@ -213,6 +213,10 @@ class StreamLedger:
                     payload = None
                 if isinstance(payload, dict):
                     self._note_parsed(payload)
+            if '_ids":[' not in event:
+                self.events += 1
+                out.append(event)
+                continue
             prompt = _PROMPT_IDS.search(event)
             if prompt is not None:
                 self.prompt_ids = _ids(prompt.group(1))
