@@ -43,6 +43,7 @@ from vllm_worker.engine import ladder
 from vllm_worker.diagnosis import startup_errors
 from vllm_worker.serving import fresh_machine
 from vllm_worker.serving import handler as handler_module
+from vllm_worker.serving import continuation
 from vllm_worker.serving.state import WorkerState
 
 pytestmark = pytest.mark.integration
@@ -120,7 +121,14 @@ def test_an_oom_while_serving_ends_the_running_job_and_the_next_ladder_step_serv
     expected = runtime.runtime_failure(Failure.of(vllm_texts.TORCH_OOM, env=seen, exit_code=1))
     assert expected.kind == "runtime_oom"
     # The footprint that died is not relaunched: the ladder's first step, graphs kept (issue 12).
-    assert dying == {"error": f"{expected.message} The worker is restarting the engine with MAX_NUM_SEQS=32; retry the request."}
+    # It is sent again whole to the relaunched engine (a plain job has been sent nothing), and says so.
+    [answer] = dying["output"]
+    assert answer["choices"][0]["message"]["content"] == "w0 w1 w2"
+    assert answer["worker"]["continued"] == {"tokens_kept": 0, "after": "runtime_oom"}
+    assert answer["worker"]["profile"]["name"] == "max_num_seqs=32"
+    assert f"the engine stopped while serving: {expected.message}" in log
+    assert "sent again whole to the restarted engine" in log
+    assert report["continuations"] == {"continued": 1, "answered": {}}
     assert "MAX_NUM_BATCHED_TOKENS" in expected.message and "MAX_NUM_SEQS (now 64)" in expected.message
     assert "GPU_MEMORY_UTILIZATION" not in expected.message
     assert content(waiting) == "w0 w1 w2"
@@ -131,7 +139,7 @@ def test_an_oom_while_serving_ends_the_running_job_and_the_next_ladder_step_serv
     assert first_argv[first_argv.index("--max-num-seqs") + 1] == "64"
     assert second_argv == [("32" if i == first_argv.index("--max-num-seqs") + 1 else w) for i, w in enumerate(first_argv)]
     served = engine.requests()
-    assert [r["launch"] for r in served if r["method"] == "POST"] == [0, 0, 1]
+    assert [r["launch"] for r in served if r["method"] == "POST"] == [0, 0, 1, 1]
 
     assert report["ready"] is True and report["fatal"] is None
     assert report["restarts"] == 1
@@ -190,10 +198,15 @@ def test_a_configuration_that_keeps_killing_its_engine_is_answered_with_the_caus
 
     cause = runtime.runtime_failure(Failure.of("RuntimeError: boom", env=env, exit_code=3))
     assert cause.message == "The engine exited with code 3 while serving requests; its last error was: RuntimeError: boom."
-    restarting = {"error": f"{cause.message} {runtime.RESTARTING}"}
+    # The first job is continued once on the restarted engine, dies with it again and is answered
+    # (a request that kills its engine does not loop); the second uses up the budget.
+    again = {"error": continuation.not_continued_sentence(f"{cause.message} {runtime.RESTARTING}", "again")}
     final = {"error": monitor.budget_sentence(cause.message, ladder.MAX_RESTARTS + 1)}
     # Each death within the budget is restarted; the one past it is answered, and so is every later job.
-    assert answers == [restarting] * ladder.MAX_RESTARTS + [final, final]
+    assert ladder.MAX_RESTARTS == 3
+    assert answers == [again] + [final] * (ladder.MAX_RESTARTS + 1)
+    assert "It was not continued on the restarted engine: it had been continued once already" in again["error"]
+    assert report["continuations"] == {"continued": 2, "answered": {"again": 1, "spent": 1}}
     assert "not restarted again" in final["error"] and "terminate this worker" in final["error"]
 
     assert len(engine.launches()) == ladder.MAX_RESTARTS + 1
@@ -411,8 +424,10 @@ async def test_a_stream_cut_by_a_dead_engine_core_ends_with_the_death_sentence(m
         )
     finally:
         await runner.cleanup()
-    # What was streamed stays; the end is the cause, not vLLM's "see stack trace (above)".
-    assert parts == [first, {"error": DEATH}]
+    # What was streamed stays; the end is the cause, not vLLM's "see stack trace (above)". An engine
+    # that names no token ids cannot be continued, and the answer says so.
+    assert parts == [first, {"error": continuation.not_continued_sentence(DEATH, "unknown")}]
+    assert state.continuations() == {"continued": 0, "answered": {"unknown": 1}}
 
 
 async def test_a_request_that_never_reached_the_engine_goes_to_the_restarted_one(

@@ -403,7 +403,10 @@ async def test_status_job(upstream: Upstream) -> None:
     configure(_state(upstream.port, status=status, fatal="broken", profile={"name": "eager"}))
     for job_input in ({"route": "/worker/status"}, {"worker_status": True}):
         [report] = await _run(job_input)
-        assert report == {**status, "served_model_name": SERVED, "profile": {"name": "eager"}, "ready": True, "fatal": "broken"}
+        assert report == {
+            **status, "served_model_name": SERVED, "profile": {"name": "eager"}, "ready": True, "fatal": "broken",
+            "continuations": {"continued": 0, "answered": {}},
+        }
     assert upstream.requests == []
 
 

@@ -574,7 +574,10 @@ def test_status_report_never_carries_an_error_key() -> None:
 def test_status_report_keeps_mains_profile_line_when_not_degraded() -> None:
     state = WorkerState(served_model_name=SERVED, status={"profile": "as configured"})
     state.mark_ready()
-    assert status_report(state) == {"profile": "as configured", "served_model_name": SERVED, "ready": True, "fatal": None}
+    assert status_report(state) == {
+        "profile": "as configured", "served_model_name": SERVED, "ready": True, "fatal": None,
+        "continuations": {"continued": 0, "answered": {}},
+    }
 
 
 # --- error sentences

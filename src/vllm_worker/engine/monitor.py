@@ -8,7 +8,9 @@ when /health has given no answer for ENGINE_HANG_TIMEOUT seconds. A busy engine 
 /health (its API server is not the engine core), later under load; bench/health_under_load.py
 measures how much later, and the default stays far above it.
 
-On any of the three, running jobs end at once with the cause (`WorkerState.record_death`), the
+On any of the three, the death is recorded for the running jobs (`WorkerState.record_death`):
+each is held by the handler and continued on the relaunched engine where that is the same
+request (serving.continuation), else answered at once with the cause. Then the
 engine's process group is stopped (killed outright when hung: a stopped process never handles
 SIGTERM), and the engine is relaunched in place through `launcher.Launcher`, the same launch
 path as startup, while new jobs wait. An out-of-memory death walks the startup ladder (fewer

@@ -11,7 +11,8 @@ Why it is shaped this way:
   body, and the handler adds only what needs the engine (the context length a shorthand
   job's max_tokens runs to, read once from /v1/models) and relays the answer. Audio goes
   as multipart form data. Streams are relayed as whole SSE events (an
-  event is never split across two yielded chunks) without parsing their JSON, so
+  event is never split across two yielded chunks) without parsing their JSON (a
+  stream that could be continued has its token ids read by a regular expression), so
   the proxy costs next to nothing per token.
 - One aiohttp session per process, with a pool sized for MAX_CONCURRENCY: a session
   per request would open a new TCP connection for every job.
@@ -23,6 +24,13 @@ Why it is shaped this way:
   EngineDeadError) waits a moment for that record and ends with its sentence, which names
   the cause, rather than a bare connection error; one that never reached the engine is sent
   again to the restarted engine.
+- A streamed or plain completion or chat completion that was running when the engine died or
+  hung is continued on the relaunched engine where that is the same request
+  (serving.continuation: a stream goes on from the tokens its client was sent, a plain job is
+  sent again whole), once; otherwise it ends with the death's sentence and why it was not.
+- A cancel closes the job's request to the engine whatever the job's generator is doing: the
+  SDK cancels the task that drives it, which may be posting a chunk while the generator waits
+  at a `yield` (and so never sees the cancel); a callback on that task closes the response.
 """
 
 from __future__ import annotations
@@ -38,7 +46,7 @@ from typing import Any, AsyncGenerator, Mapping
 import aiohttp
 
 from vllm_worker.diagnosis.runtime import ENGINE_DEAD_TEXT
-from vllm_worker.serving import engine_load
+from vllm_worker.serving import continuation, engine_load
 from vllm_worker.serving.job_input import (
     AUDIO_ROUTES,
     POOLING_ROUTES,
@@ -124,6 +132,7 @@ def status_report(state: WorkerState) -> dict[str, Any]:
         report["profile"] = state.profile
     report["ready"] = state.ready.is_set()
     report["fatal"] = state.fatal
+    report["continuations"] = state.continuations()
     return report
 
 
@@ -513,8 +522,17 @@ async def handler(job: dict[str, Any]) -> AsyncGenerator[Any, None]:
     # One flat generator on purpose: every extra async-generator layer costs per relayed chunk.
     body = request.body
     is_json = body is not None and not request.form
-    data: Any = json.dumps(body).encode() if is_json and not request.fill_max_tokens else None
+    # A stream that could be continued asks for token ids, read off its events as they pass.
+    continuable = is_json and request.path in continuation.ROUTES
+    refused, ledger = continuation.for_stream(request.path, body) if continuable and request.stream else (None, None)
+    sent_body = continuation.asking_for_ids(body) if ledger is not None and body is not None else body
+    data: Any = json.dumps(sent_body).encode() if is_json and not request.fill_max_tokens else None
+    effective = sent_body  # the body as sent, max_tokens filled in
+    path = request.path
     retried = False
+    resent = 0  # continuations sent (at most one)
+    began = time.monotonic()
+    task = asyncio.current_task()
     while True:
         deaths_seen = state.deaths
         if not state.ready.is_set():
@@ -523,62 +541,79 @@ async def handler(job: dict[str, Any]) -> AsyncGenerator[Any, None]:
                 yield {"error": problem}
                 return
         session = _get_session(state)
-        if request.fill_max_tokens and body is not None:
-            data = json.dumps(with_context_budget(body, await _context_length(state, session))).encode()
+        if resent and ledger is not None and ledger.continued:
+            pass  # data is the continuation's body
+        elif request.fill_max_tokens and sent_body is not None:
+            effective = with_context_budget(sent_body, await _context_length(state, session))
+            data = json.dumps(effective).encode()
         elif request.form and body is not None:
             data = _form(body)
         started = False
         connected = True
         raw: bytes | None = None
         failure: str | None = None
+        left = state.request_timeout - (time.monotonic() - began) if resent else state.request_timeout
         try:
             async with session.request(
                 request.method,
-                f"http://{state.host}:{state.port}{request.path}",
+                f"http://{state.host}:{state.port}{path}",
                 data=data,
                 headers=_JSON_HEADERS if is_json else None,
-                timeout=_timeout(state.request_timeout),
+                timeout=_timeout(max(left, 1.0)),
             ) as response:
                 started = True
-                if response.status >= 400:
-                    failure = error_sentence_from_response(
-                        response.status, await response.text(errors="replace"), request.path
-                    )
-                elif response.headers.get("Content-Type", "").startswith("text/event-stream"):
-                    if state.profile is not None:
-                        yield ": worker " + json.dumps(worker_notice(state.profile)) + "\n\n"
-                    framer = SSEFramer()
-                    last = ""
-                    async for chunk in response.content.iter_any():
-                        batch = framer.feed_batch(chunk)
-                        if not batch:
-                            continue
-                        if '"error"' in batch:
-                            batch, failure = stream_error(batch)
-                        if batch:
-                            yield batch
-                            last = batch
-                        if failure is not None:
-                            break
+                closer = _closer(response)
+                if task is not None:
+                    task.add_done_callback(closer)
+                try:
+                    if response.status >= 400:
+                        failure = error_sentence_from_response(
+                            response.status, await response.text(errors="replace"), path
+                        )
+                    elif response.headers.get("Content-Type", "").startswith("text/event-stream"):
+                        if resent and ledger is not None and ledger.continued:
+                            yield continuation.notice_comment(ledger.kept, continuation.last_cause(state.status), state.profile)
+                        elif state.profile is not None and not resent:
+                            yield ": worker " + json.dumps(worker_notice(state.profile)) + "\n\n"
+                        framer = SSEFramer()
+                        last = ""
+                        async for chunk in response.content.iter_any():
+                            batch = framer.feed_batch(chunk)
+                            if not batch:
+                                continue
+                            if '"error"' in batch:
+                                batch, failure = stream_error(batch)
+                            if batch and ledger is not None:
+                                batch = ledger.second(batch) if ledger.continued else ledger.first(batch)
+                            if batch:
+                                yield batch
+                                last = batch
+                            if failure is not None:
+                                break
+                        else:
+                            rest = framer.close()
+                            if rest.strip():
+                                rest, failure = stream_error(rest.rstrip("\r\n") + "\n\n")
+                                if rest and ledger is not None:
+                                    rest = ledger.second(rest) if ledger.continued else ledger.first(rest)
+                                if rest:
+                                    yield rest
+                                    last = rest
+                            if failure is None and not (last.endswith(_DONE) or last.rstrip().endswith("[DONE]")):
+                                yield _DONE
                     else:
-                        rest = framer.close()
-                        if rest.strip():
-                            rest, failure = stream_error(rest.rstrip("\r\n") + "\n\n")
-                            if rest:
-                                yield rest
-                                last = rest
-                        if failure is None and not (last.endswith(_DONE) or last.rstrip().endswith("[DONE]")):
-                            yield _DONE
-                else:
-                    raw = await response.read()
+                        raw = await response.read()
+                finally:
+                    if task is not None:
+                        task.remove_done_callback(closer)
             dying = failure is not None and ENGINE_DEAD_TEXT in failure
         except _TRANSPORT_ERRORS as error:
             failure = _transport_sentence(error, state, started)
             connected = not isinstance(error, aiohttp.ClientConnectorError)
             dying = not isinstance(error, asyncio.TimeoutError)
         except Exception as error:  # a bug here must still reach the user as a sentence
-            log.exception("handler failed on %s %s", request.method, request.path)
-            failure = f"The worker failed while relaying the request to {request.path} ({type(error).__name__}: {error})."
+            log.exception("handler failed on %s %s", request.method, path)
+            failure = f"The worker failed while relaying the request to {path} ({type(error).__name__}: {error})."
             dying = False
         if dying:
             # The request never reached the engine: once it is restarting, wait for it and send the request there.
@@ -591,6 +626,39 @@ async def handler(job: dict[str, Any]) -> AsyncGenerator[Any, None]:
                     retried = True
                     continue
                 failure = death
+                if continuable and body is not None:
+                    reason = continuation.why_not(
+                        state.stopping is not None, bool(state.fatal), resent, time.monotonic() - began,
+                        state.request_timeout, request.stream, refused, ledger,
+                    )
+                    state.count_continuation(reason)
+                    if reason is not None:
+                        failure = continuation.not_continued_sentence(death, reason)
+                    else:
+                        resent += 1
+                        job_id = job.get("id") if isinstance(job, dict) else None
+                        problem = await _wait_ready(state)
+                        if problem:
+                            yield {"error": problem}
+                            return
+                        if ledger is not None and ledger.prompt_ids is not None:
+                            ledger.continued, ledger.kept = True, len(ledger.ids)
+                            assert effective is not None
+                            remaining = continuation.remaining_tokens(effective, ledger.kept)
+                            log.warning(
+                                "job %s continued on the restarted engine: %d tokens kept, %s to go",
+                                job_id, ledger.kept, "the rest" if remaining is None else remaining,
+                            )
+                            if remaining is not None and remaining <= 0:
+                                yield continuation.notice_comment(ledger.kept, continuation.last_cause(state.status), state.profile)
+                                yield ledger.closing(effective)
+                                return
+                            path = continuation.COMPLETIONS
+                            context = await _context_length(state, _get_session(state))
+                            data = json.dumps(continuation.continuation_body(effective, ledger.chat, ledger, context)).encode()
+                        else:
+                            log.warning("job %s sent again whole to the restarted engine (it had received nothing yet)", job_id)
+                        continue
         break
     if failure is not None:
         yield {"error": failure}
@@ -598,5 +666,17 @@ async def handler(job: dict[str, Any]) -> AsyncGenerator[Any, None]:
         output = _decode_body(raw)
         if isinstance(output, dict) and output.get("error"):
             yield {"error": answered_error_sentence(output)}
+        elif resent and isinstance(output, dict):
+            output["worker"] = continuation.notice(0, continuation.last_cause(state.status), state.profile)
+            yield output
         else:
             yield _with_notice(output, state)
+
+
+def _closer(response: aiohttp.ClientResponse) -> Any:
+    """A done callback for the job's task: its end (a cancel above all) closes the request to the engine."""
+
+    def close(_task: Any) -> None:
+        response.close()
+
+    return close

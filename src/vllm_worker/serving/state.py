@@ -51,6 +51,10 @@ class WorkerState:
     stopping: str | None = None
     # Reads vLLM's /metrics beside the job loop; the status job shows its figures.
     load_watch: engine_load.LoadWatch | None = None
+    # Jobs the handler continued on a relaunched engine, and those answered instead, by reason
+    # (serving.continuation.REASONS); the status job shows both.
+    continued: int = 0
+    not_continued: dict[str, int] = field(default_factory=dict)
 
     def mark_ready(self) -> None:
         """The engine answers: jobs go through (thread-safe; main's supervisor may call it)."""
@@ -65,6 +69,17 @@ class WorkerState:
         self.ready.clear()
         self.death = sentence
         self.deaths += 1  # after `death`: a job that sees the count change reads the sentence
+
+    def count_continuation(self, reason: str | None) -> None:
+        """One job that was running at a death: continued (reason None) or answered for `reason`."""
+        if reason is None:
+            self.continued += 1
+        else:
+            self.not_continued[reason] = self.not_continued.get(reason, 0) + 1
+
+    def continuations(self) -> dict[str, Any]:
+        """What the status job shows of the jobs that were running when the engine stopped."""
+        return {"continued": self.continued, "answered": dict(self.not_continued)}
 
     def begin_stop(self, new_jobs: str) -> None:
         """The platform stops the worker: jobs not yet running (or waiting for the engine) end with `new_jobs`."""

@@ -1,0 +1,200 @@
+"""A job outlives its engine (issue 24), over the REAL vLLM CPU engine and the runpod SDK's job loop.
+
+Four jobs at temperature 0 (a completion and a chat completion, each streamed and plain, 600
+tokens) run undisturbed once, then again with the engine's whole process group SIGKILLed a third
+of the way through, then again through a hang (SIGSTOP of the group, a short
+ENGINE_HANG_TIMEOUT). Each time all four complete whole: every token asked for, one stream per
+streamed job with no event twice (the completion's client asks for token ids, so every event's
+tokens are checked against the undisturbed run's) and usage adding up, each response naming the
+continuation. How many texts are identical to the undisturbed run's is printed (vLLM's CPU
+kernels are not batch-invariant: a different batch can flip a near tie). A streamed job with a
+fixed seed, in flight at the kill, is answered with the death and why it was not continued.
+
+One worker serves all three rounds (one boot, two relaunches).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from tests.support import engine_env
+from tests.support.control_plane import ControlPlane
+from tests.support.worker_proc import WorkerProcess, running
+
+pytestmark = pytest.mark.engine
+
+TOKENS = 600
+HANG_TIMEOUT = 10  # as tests/engine/test_engine_hang.py: far above a busy engine's slowest /health here
+PROMPT = "Once upon a time, in a land far away,"
+MESSAGES = [{"role": "user", "content": "Tell me a long story about a dragon."}]
+SAMPLING = {"max_tokens": TOKENS, "min_tokens": TOKENS, "temperature": 0}
+JOBS: dict[str, Any] = {
+    "completion-streamed": {
+        "openai_route": "/v1/completions",
+        "openai_input": {"prompt": PROMPT, **SAMPLING, "stream": True, "return_token_ids": True,
+                         "stream_options": {"include_usage": True}},
+    },
+    "completion-plain": {"prompt": PROMPT, "sampling_params": SAMPLING},
+    "chat-streamed": {
+        "openai_route": "/v1/chat/completions",
+        "openai_input": {"messages": MESSAGES, **SAMPLING, "stream": True, "stream_options": {"include_usage": True}},
+    },
+    "chat-plain": {"messages": MESSAGES, "sampling_params": SAMPLING},
+}  # fmt: skip
+SEEDED = {
+    "openai_route": "/v1/completions",
+    "openai_input": {"prompt": PROMPT, **SAMPLING, "seed": 7, "stream": True},
+}
+
+
+def metric(port: int, name: str) -> float:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    return sum(float(v) for v in re.findall(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", text, re.M))
+
+
+def engine_leader(worker: WorkerProcess) -> psutil.Process:
+    [leader] = [p for p in psutil.Process(worker.pid).children() if running(p) and "serve" in p.cmdline()]
+    return leader
+
+
+def events(cp: ControlPlane, job: str) -> tuple[list[dict[str, Any]], list[str]]:
+    """The streamed job's data events (parsed) and its `: worker` comments, as its client reads them."""
+    text = "".join(part for part in cp.stream_outputs(job) if isinstance(part, str))
+    data = [line[6:] for line in text.splitlines() if line.startswith("data: ")]
+    assert data and data[-1] == "[DONE]" and data.count("[DONE]") == 1, data[-3:]
+    comments = [line for line in text.splitlines() if line.startswith(": worker ")]
+    return [json.loads(d) for d in data[:-1]], comments
+
+
+def outcome(cp: ControlPlane, name: str, job: str) -> dict[str, Any]:
+    """Text, token ids (where the client asked), usage and the worker's notice of one finished job."""
+    result = cp.result(job, timeout=engine_env.BOOT_TIMEOUT)
+    assert "error" not in result, f"{name}: {str(result)[:400]}"
+    if name.endswith("plain"):
+        [body] = result["output"]
+        choice = body["choices"][0]
+        text = choice["message"]["content"] if name.startswith("chat") else choice["text"]
+        return {"text": text, "usage": body["usage"], "worker": body.get("worker"), "ids": None}
+    chunks, comments = events(cp, job)
+    assert len({c["id"] for c in chunks}) == 1, f"{name}: one stream has one id"
+    usage = [c["usage"] for c in chunks if c.get("usage")]
+    assert len(usage) == 1, f"{name}: one usage event"
+    finishes = [c for c in chunks for ch in c["choices"] if ch.get("finish_reason")]
+    assert len(finishes) == 1, f"{name}: one final event"
+    if name.startswith("chat"):
+        text = "".join(ch["delta"].get("content") or "" for c in chunks for ch in c["choices"])
+        ids = None
+    else:
+        text = "".join(ch["text"] for c in chunks for ch in c["choices"])
+        ids = [i for c in chunks for ch in c["choices"] for i in ch.get("token_ids") or ()]
+    worker = [json.loads(line[len(": worker "):]) for line in comments]
+    return {"text": text, "usage": usage[0], "worker": worker[-1] if worker else None, "ids": ids}
+
+
+def run_round(cp: ControlPlane, port: int, disturb: Any = None, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The four jobs at once; `disturb` runs once a third of their tokens are generated."""
+    before = metric(port, "vllm:generation_tokens_total")
+    jobs = {name: cp.submit(job) for name, job in {**JOBS, **(extra or {})}.items()}
+    if disturb is not None:
+        third = len(jobs) * TOKENS / 3
+        deadline = time.monotonic() + engine_env.BOOT_TIMEOUT
+        while metric(port, "vllm:generation_tokens_total") - before < third:
+            assert time.monotonic() < deadline, "the jobs never got a third of the way"
+            time.sleep(0.05)
+        disturb()
+    results: dict[str, Any] = {}
+    for name, job in jobs.items():
+        results[name] = cp.result(job, timeout=engine_env.BOOT_TIMEOUT) if name not in JOBS else outcome(cp, name, job)
+    return results
+
+
+@pytest.fixture(scope="module")
+def serving(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ControlPlane, WorkerProcess, int, dict[str, Any]]]:
+    env = engine_env.tiny_worker_env(
+        tiny_model,
+        MAX_MODEL_LEN="2048",
+        MAX_CONCURRENCY="8",
+        ENGINE_HANG_TIMEOUT=str(HANG_TIMEOUT),
+        VLLM_STOP_GRACE="5",
+        REQUEST_TIMEOUT="3600",
+        WORKER_READY_TIMEOUT=str(int(engine_env.BOOT_TIMEOUT)),
+    )
+    with ControlPlane() as cp:
+        worker = WorkerProcess(env, control_plane=cp, workdir=tmp_path_factory.mktemp("continuation")).start()
+        try:
+            worker.wait_for_log(r"engine ready; taking jobs", timeout=engine_env.BOOT_TIMEOUT)
+            port = int(env["VLLM_PORT"])
+            undisturbed = run_round(cp, port)
+            yield cp, worker, port, undisturbed
+        finally:
+            worker.stop(timeout=120)
+
+
+def check_whole(name: str, got: dict[str, Any], base: dict[str, Any]) -> bool:
+    """Every token asked for, usage adding up, the continuation named; True when the text is identical."""
+    usage = got["usage"]
+    assert usage["completion_tokens"] == TOKENS, f"{name}: {usage}"
+    assert usage["prompt_tokens"] == base["usage"]["prompt_tokens"], f"{name}: {usage}"
+    assert usage["total_tokens"] == usage["prompt_tokens"] + TOKENS
+    assert got["worker"] is not None and "continued" in got["worker"], f"{name}: the response names no continuation"
+    if got["ids"] is not None:
+        assert len(got["ids"]) == TOKENS, f"{name}: {len(got['ids'])} token ids streamed"
+        kept = got["worker"]["continued"]["tokens_kept"]
+        # The tokens before the cut are the undisturbed run's, once each; none is missing after it.
+        assert got["ids"][:kept] == base["ids"][:kept]
+    return got["text"] == base["text"]
+
+
+def report(label: str, results: dict[str, Any], base: dict[str, Any]) -> int:
+    same = [name for name in JOBS if check_whole(name, results[name], base[name])]
+    kept = {name: (results[name]["worker"] or {}).get("continued", {}).get("tokens_kept") for name in JOBS}
+    print(f"{label}: 4/4 complete; identical to the undisturbed run: {len(same)}/4 {same}; tokens kept {kept}")
+    return len(same)
+
+
+def test_four_jobs_in_flight_when_the_engine_is_killed_complete_whole(serving: Any) -> None:
+    cp, worker, port, base = serving
+
+    def kill() -> None:
+        leader = engine_leader(worker)
+        members = [leader, *leader.children(recursive=True)]
+        os.killpg(leader.pid, signal.SIGKILL)
+        for proc in members:
+            try:
+                proc.send_signal(signal.SIGKILL)
+            except psutil.NoSuchProcess:
+                pass
+
+    results = run_round(cp, port, kill, extra={"seeded": SEEDED})
+    report("SIGKILL of the engine's process group", results, base)
+
+    seeded = results["seeded"]
+    assert set(seeded) == {"error"}, str(seeded)[:300]
+    assert seeded["error"].startswith("The engine was killed by signal 9 (SIGKILL) while serving requests")
+    assert seeded["error"].endswith("It was not continued on the restarted engine: it fixes a seed, and a continuation would draw from another random stream than the undisturbed run.")
+    [status] = cp.result(cp.submit({"route": "/worker/status"}), timeout=60)["output"]
+    assert status["continuations"]["continued"] >= 4 and status["continuations"]["answered"].get("seed") == 1
+    assert len(re.findall(r"continued on the restarted engine: \d+ tokens kept", worker.log())) >= 2
+
+
+def test_four_jobs_in_flight_when_the_engine_hangs_complete_whole(serving: Any) -> None:
+    cp, worker, port, base = serving
+
+    def hang() -> None:
+        os.killpg(engine_leader(worker).pid, signal.SIGSTOP)
+
+    results = run_round(cp, port, hang)
+    report(f"a hang (SIGSTOP, ENGINE_HANG_TIMEOUT={HANG_TIMEOUT})", results, base)
+    assert "The engine stopped answering while serving" in worker.log()

@@ -1,0 +1,192 @@
+"""The handler continues a stream cut by an engine death, in process, against an aiohttp engine stand-in.
+
+The stand-in writes events the way vLLM 0.32 does with `return_token_ids` (ids in each chunk, the
+prompt's ids in the first), then drops the connection; main's death record arrives; the same
+port then answers /v1/completions with the rest. What the client of the job sees is one stream:
+the events before the cut once, the continuation's after it with the first request's id, usage
+adding up; the continuation's body asked for the prompt's ids and the sent ids.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from aiohttp import web
+
+from tests.integration.test_engine_death import DEATH, on_death_wait, run_handler, serve
+from vllm_worker.serving import continuation
+from vllm_worker.serving.state import WorkerState
+
+PROMPT_IDS = [1, 2, 3]
+
+
+def sse(payload: dict[str, Any]) -> bytes:
+    return ("data: " + json.dumps(payload, separators=(",", ":")) + "\n\n").encode()
+
+
+def chunk(text: str, ids: list[int], first: bool = False, finish: str | None = None, cid: str = "cmpl-a") -> dict[str, Any]:
+    return {
+        "id": cid, "object": "text_completion", "created": 11, "model": "m",
+        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish, "stop_reason": None,
+                     "prompt_token_ids": PROMPT_IDS if first else None, "token_ids": ids}],
+    }  # fmt: skip
+
+
+def routes(bodies: list[dict[str, Any]], cut: asyncio.Event) -> web.RouteTableDef:
+    table = web.RouteTableDef()
+
+    @table.post("/v1/completions")
+    async def completions(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        bodies.append(body)
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        if len(bodies) == 1:
+            await response.write(sse(chunk(" a", [10], first=True)) + sse(chunk(" b", [11])))
+            await asyncio.sleep(0.2)
+            cut.set()
+            assert request.transport is not None
+            request.transport.abort()  # the engine died mid-stream
+            return response
+        await response.write(sse(chunk(" c", [12], first=True, cid="cmpl-b")) + sse(chunk(" d", [13], finish="length", cid="cmpl-b")))
+        usage = {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}
+        await response.write(sse({"id": "cmpl-b", "object": "text_completion", "created": 99, "model": "m", "choices": [], "usage": usage}))
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
+
+    return table
+
+
+async def test_a_stream_cut_by_a_death_is_continued_in_one_stream(monkeypatch: Any) -> None:
+    bodies: list[dict[str, Any]] = []
+    cut = asyncio.Event()
+    runner, port = await serve(routes(bodies, cut))
+    state = WorkerState(served_model_name="m", port=port)
+    state.mark_ready()
+    entered = on_death_wait(monkeypatch)
+
+    async def main_notices_and_relaunches() -> None:
+        await entered.wait()
+        state.record_death(DEATH)
+        await asyncio.sleep(0.3)
+        state.mark_ready()
+
+    job = {
+        "openai_route": "/v1/completions",
+        "openai_input": {"prompt": "x", "max_tokens": 4, "min_tokens": 4, "temperature": 0, "stream": True,
+                         "stream_options": {"include_usage": True}},
+    }  # fmt: skip
+    try:
+        parts, _ = await asyncio.gather(run_handler(state, job), main_notices_and_relaunches())
+    finally:
+        await runner.cleanup()
+
+    text = "".join(p for p in parts if isinstance(p, str))
+    data = [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: {")]
+    assert [c["choices"][0]["text"] for c in data if c["choices"]] == [" a", " b", " c", " d"]
+    assert {c["id"] for c in data} == {"cmpl-a"} and {c["created"] for c in data} == {11}
+    assert all(ch["token_ids"] is None and ch["prompt_token_ids"] is None for c in data for ch in c["choices"])
+    assert data[-1]["usage"] == {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}
+    assert text.count("data: [DONE]") == 1 and text.endswith("data: [DONE]\n\n")
+    [comment] = [line for line in text.splitlines() if line.startswith(": worker ")]
+    assert json.loads(comment[len(": worker "):])["continued"]["tokens_kept"] == 2
+
+    first, rest = bodies
+    assert first["return_token_ids"] is True
+    assert (rest["prompt"], rest["max_tokens"], rest["min_tokens"]) == (PROMPT_IDS + [10, 11], 2, 2)
+    assert state.continuations() == {"continued": 1, "answered": {}}
+    assert not any(isinstance(p, dict) and "error" in p for p in parts)
+
+
+async def test_a_seeded_stream_cut_by_a_death_is_answered_with_why(monkeypatch: Any) -> None:
+    bodies: list[dict[str, Any]] = []
+    runner, port = await serve(routes(bodies, asyncio.Event()))
+    state = WorkerState(served_model_name="m", port=port)
+    state.mark_ready()
+    entered = on_death_wait(monkeypatch)
+
+    async def main_notices() -> None:
+        await entered.wait()
+        state.record_death(DEATH)
+
+    job = {"openai_route": "/v1/completions", "openai_input": {"prompt": "x", "max_tokens": 4, "seed": 3, "stream": True}}
+    try:
+        parts, _ = await asyncio.gather(run_handler(state, job), main_notices())
+    finally:
+        await runner.cleanup()
+
+    assert parts[-1] == {"error": continuation.not_continued_sentence(DEATH, "seed")}
+    assert len(bodies) == 1 and "return_token_ids" not in bodies[0]
+    assert state.continuations() == {"continued": 0, "answered": {"seed": 1}}
+
+
+async def test_a_job_cancelled_while_it_waits_for_the_relaunch_stays_cancelled(monkeypatch: Any) -> None:
+    bodies: list[dict[str, Any]] = []
+    runner, port = await serve(routes(bodies, asyncio.Event()))
+    state = WorkerState(served_model_name="m", port=port)
+    state.mark_ready()
+    entered = on_death_wait(monkeypatch)
+    job = {"openai_route": "/v1/completions", "openai_input": {"prompt": "x", "max_tokens": 4, "stream": True}}
+    task = asyncio.create_task(run_handler(state, job))
+    try:
+        await entered.wait()
+        state.record_death(DEATH)
+        while state.continuations()["continued"] == 0:  # held for the relaunch
+            await asyncio.sleep(0.01)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        state.mark_ready()
+        await asyncio.sleep(0.3)
+    finally:
+        await runner.cleanup()
+    assert task.cancelled()
+    assert len(bodies) == 1  # nothing was sent to the relaunched engine
+
+
+async def test_a_cancel_while_the_sdk_posts_a_chunk_closes_the_engine_request() -> None:
+    """The SDK cancels its job task while it posts a chunk: the handler's generator waits at a `yield`
+    and never sees the cancel, yet the engine's request must end (issue 22)."""
+    closed = asyncio.Event()
+    table = web.RouteTableDef()
+
+    @table.post("/v1/completions")
+    async def endless(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        try:
+            while True:
+                await response.write(sse(chunk(" a", [10])))
+                await asyncio.sleep(0.01)
+        except (ConnectionResetError, asyncio.CancelledError):
+            closed.set()
+            raise
+
+    runner, port = await serve(table)
+    state = WorkerState(served_model_name="m", port=port)
+    state.mark_ready()
+    from vllm_worker.serving import handler as handler_module
+
+    handler_module.configure(state)
+    posting = asyncio.Event()
+    kept: list[Any] = []  # the SDK keeps its generator referenced, so no garbage collection closes it
+
+    async def sdk_job() -> None:
+        generator = handler_module.handler({"id": "j", "input": {"openai_route": "/v1/completions", "openai_input": {"prompt": "x", "stream": True, "max_tokens": 10}}})
+        kept.append(generator)
+        async for _part in generator:
+            posting.set()
+            await asyncio.sleep(3600)  # posting the chunk to the platform, slowly
+
+    task = asyncio.create_task(sdk_job())
+    try:
+        await posting.wait()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await asyncio.wait_for(closed.wait(), timeout=30)
+    finally:
+        await handler_module.close_session()
+        await runner.cleanup()
+    assert closed.is_set()
