@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import threading
 import time
 import urllib.error
@@ -79,6 +80,25 @@ class Sample:
     finished_prompt_tokens: int = 0
     finished_generation_tokens: int = 0
     finished_requests: int = 0
+    kv_tokens: int | None = None  # from vllm:cache_config_info
+
+
+_CACHE_INFO = re.compile(r'^vllm:cache_config_info\{(?P<labels>[^}]*)\}', re.MULTILINE)
+_LABEL = re.compile(r'(\w+)="([^"]*)"')
+
+
+def _kv_tokens(text: str) -> int | None:
+    """The KV cache's size in tokens from vLLM's cache_config_info labels."""
+    found = _CACHE_INFO.search(text)
+    if found is None:
+        return None
+    labels = dict(_LABEL.findall(found.group("labels")))
+    try:
+        if labels.get("kv_cache_size_tokens") not in (None, "", "None"):
+            return int(labels["kv_cache_size_tokens"])
+        return int(labels["num_gpu_blocks"]) * int(labels["block_size"])
+    except (KeyError, ValueError):
+        return None
 
 
 def parse(text: str, at: float) -> Sample | None:
@@ -109,6 +129,7 @@ def parse(text: str, at: float) -> Sample | None:
         at=at,
         kv_cache_usage=max(kv) if kv else 0.0,
         **{field: int(values.get(field, 0.0)) for field in ("running", "waiting", *_COUNTERS.values())},
+        kv_tokens=_kv_tokens(text),
     )
 
 
@@ -161,6 +182,7 @@ def engine_now(current: Sample | None, previous: Sample | None) -> intake.Engine
         kv_cache_usage=current.kv_cache_usage,
         preempted=current.preemptions - base.preemptions if base is not None else 0,
         request_tokens=(current.finished_prompt_tokens + current.finished_generation_tokens) / finished if finished > 0 else None,
+        kv_tokens=current.kv_tokens,
     )
 
 

@@ -29,7 +29,7 @@ import logging
 import math
 import threading
 from dataclasses import dataclass, replace
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 log = logging.getLogger("vllm_worker")
 
@@ -60,6 +60,7 @@ class EngineNow:
     kv_cache_usage: float  # a fraction
     preempted: int = 0  # since the previous read
     request_tokens: float | None = None  # mean prompt + generated tokens of the requests finished so far
+    kv_tokens: int | None = None  # the KV cache's size as vLLM's cache_config_info gives it (when the plan has none)
 
 
 @dataclass(frozen=True)
@@ -125,7 +126,7 @@ def decide(current: Limit, now: EngineNow | None, held: int, bounds: Bounds, at:
     if current.dropped_at is not None and at - current.dropped_at < HOLD_S:
         return replace(current, waited_before=waited)
     length = now.request_tokens or bounds.max_model_len
-    room = _room(now, held, bounds.kv_tokens, length)
+    room = _room(now, held, bounds.kv_tokens or now.kv_tokens, length)
     if room is None:
         step, why = 1, "the engine has room"
     else:
@@ -142,6 +143,19 @@ def _set(current: Limit, value: int, reason: str, at: float, waited: bool) -> Li
         return replace(current, reason=reason, waited_before=waited)
     dropped = at if value < current.value else current.dropped_at
     return Limit(value, reason, changed_at=at, dropped_at=dropped, waited_before=waited)
+
+
+def bounds_from(status: Mapping[str, Any], max_concurrency: int) -> Bounds:
+    """The bounds from the status the worker keeps: the capacity plan's KV tokens and max_model_len as the
+    engine reported them at its start (a restart's new figures are read again)."""
+    plan = status.get("capacity_plan")
+    plan = plan if isinstance(plan, Mapping) else {}
+
+    def whole(name: str) -> int | None:
+        value = plan.get(name)
+        return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+    return Bounds(max_concurrency, whole("kv_cache_tokens") or whole("predicted_kv_cache_tokens"), whole("max_model_len"))
 
 
 class Intake:
