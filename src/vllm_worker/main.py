@@ -36,7 +36,7 @@ from vllm_worker.serving import handler
 
 from vllm_worker.model import cache as model_cache
 
-from vllm_worker.serving import engine_load, fresh_machine
+from vllm_worker.serving import engine_load, fresh_machine, intake
 from vllm_worker.serving import platform as runpod_glue
 from vllm_worker.config import settings as settings_mod
 from vllm_worker.config.profile import LaunchProfile
@@ -137,8 +137,11 @@ def _start_and_serve(
         log.info("engine ready; taking jobs (up to %d at once)", settings.max_concurrency)
     if outcome.engine is not None and not outcome.fatal and outcome.climb is not None:
         climb = outcome.climb
+        gate = intake.Intake(
+            lambda: intake.bounds_from(state.status, settings.max_concurrency), settings.adaptive_concurrency
+        )
         state.load_watch = engine_load.LoadWatch(
-            settings.vllm_host, settings.vllm_port, lambda: climb.profile, settings.max_concurrency
+            settings.vllm_host, settings.vllm_port, lambda: climb.profile, settings.max_concurrency, intake=gate
         ).start()
         EngineMonitor(
             supervisor,
@@ -156,7 +159,8 @@ def _start_and_serve(
 
 def _serve(state: WorkerState, concurrency: int, shutdown: runpod_glue.Shutdown, drain_timeout: float) -> int:
     handler.configure(state)
-    return runpod_glue.serve(handler.handler, handler.close_session, concurrency, shutdown, state, drain_timeout)
+    gate = state.load_watch.intake if state.load_watch is not None else None
+    return runpod_glue.serve(handler.handler, handler.close_session, concurrency, shutdown, state, drain_timeout, gate)
 
 
 def _prepare_worker_process() -> None:

@@ -191,3 +191,19 @@ def test_the_engine_figures_give_preemptions_since_the_last_read_and_the_finishe
     now = engine_load.engine_now(engine_load.parse(text, at=2.0), before)
     assert now == EngineNow(running=3, waiting=1, kv_cache_usage=0.5, preempted=3, request_tokens=600.0)
     assert engine_load.engine_now(None, before) is None
+
+
+def test_the_bounds_are_the_capacity_plans_figures_as_the_engine_reported_them() -> None:
+    status = {"capacity_plan": {"kv_cache_tokens": 4096, "predicted_kv_cache_tokens": 5000, "max_model_len": 2048}}
+    assert intake.bounds_from(status, 30) == Bounds(30, 4096, 2048)
+    assert intake.bounds_from({"capacity_plan": {"predicted_kv_cache_tokens": 5000}}, 8) == Bounds(8, 5000, None)
+    assert intake.bounds_from({"capacity_plan": None}, 8) == Bounds(8)
+
+
+def test_the_setting_turns_adaptation_off_and_a_bad_value_is_one_sentence() -> None:
+    from vllm_worker.config import settings
+
+    assert settings.load({}).adaptive_concurrency is True
+    assert settings.load({"ADAPTIVE_CONCURRENCY": "off"}).adaptive_concurrency is False
+    with pytest.raises(settings.SettingsError, match="ADAPTIVE_CONCURRENCY"):
+        settings.load({"ADAPTIVE_CONCURRENCY": "sometimes"})
