@@ -174,6 +174,7 @@ class Intake:
         self._engine: dict[str, Any] | None = None
         self._logged_at: float | None = None
         self._logged_value = self._limit.value
+        self._changes = 0
 
     @property
     def value(self) -> int:
@@ -196,9 +197,12 @@ class Intake:
                 "held_by_worker": held,
             }
             after = self._limit
+        if after.value != before.value:
+            self._changes += 1
         if after.value != self._logged_value and (self._logged_at is None or at - self._logged_at >= LOG_EVERY_S):
-            log.info("taking up to %d job(s) at once (was %d): %s", after.value, self._logged_value, after.reason)
-            self._logged_at, self._logged_value = at, after.value
+            since = f"; {self._changes} changes since the last line" if self._changes > 1 else ""
+            log.info("taking up to %d job(s) at once (was %d%s): %s", after.value, self._logged_value, since, after.reason)
+            self._logged_at, self._logged_value, self._changes = at, after.value, 0
         return after
 
     def status(self) -> dict[str, Any]:
