@@ -207,3 +207,29 @@ def test_the_setting_turns_adaptation_off_and_a_bad_value_is_one_sentence() -> N
     assert settings.load({"ADAPTIVE_CONCURRENCY": "off"}).adaptive_concurrency is False
     with pytest.raises(settings.SettingsError, match="ADAPTIVE_CONCURRENCY"):
         settings.load({"ADAPTIVE_CONCURRENCY": "sometimes"})
+
+
+def test_the_status_job_shows_the_limit_why_and_the_slots_left_to_the_platforms_queue() -> None:
+    import asyncio
+    import threading
+
+    from vllm_worker.config.profile import LaunchProfile
+    from vllm_worker.serving import handler
+    from vllm_worker.serving.state import WorkerState
+
+    gate = intake.Intake(lambda: BOUNDS, held=lambda: 4)
+    gate.observe(EngineNow(running=3, waiting=2, kv_cache_usage=0.98, preempted=1), 1.0)
+    state = WorkerState(served_model_name="m", ready=threading.Event())  # not ready: no /metrics read
+    state.load_watch = engine_load.LoadWatch("127.0.0.1", 1, lambda: LaunchProfile.parse({}), 30, intake=gate)
+    handler.configure(state)
+
+    async def status() -> list:
+        return [part async for part in handler.handler({"id": "s", "input": {"route": "/worker/status"}})]
+
+    try:
+        [report] = asyncio.run(status())
+    finally:
+        handler.configure(None)  # type: ignore[arg-type]
+    assert report["intake"] == gate.status()
+    assert report["intake"]["limit"] == 3 and report["intake"]["left_in_platform_queue"] == 27
+    assert "preempted 1" in report["intake"]["reason"] and report["intake"]["engine"]["waiting"] == 2
