@@ -10,8 +10,9 @@ control-plane stand-in (tests/support/control_plane.py). In one run:
 2. feed: the stand-in's queue fed at twice that rate for --feed-seconds: the p95 time a taken job
    waits inside the worker before its first token (take to first stream post; a job still without
    one at the end counts until then), the queue the platform sees over time, completed jobs per
-   minute (over the feed's second half). Capacity-aware first, then (3) two capacity-aware workers sharing one queue (the
-   split: requests each engine completed), then (4) the fixed worker: burst and feed.
+   minute (over the feed's second half). The fixed worker first (its burst gives the rate: it keeps
+   the engine as full as vLLM allows), then the capacity-aware one, then (3) two capacity-aware
+   workers sharing one queue (the split: requests each engine completed of the jobs taken).
 
     flock /tmp/vllm-engine.lock .venv/bin/python bench/intake.py [--feed-seconds 120] [--skip-two]
 
@@ -142,7 +143,7 @@ def burst(cp: ControlPlane, worker: Worker) -> dict[str, Any]:
     }
 
 
-def feed(cp: ControlPlane, workers: list[Worker], rate_per_min: float, seconds: float) -> dict[str, Any]:
+def feed(cp: ControlPlane, workers: list[Worker], rate_per_min: float, seconds: float, drain_s: float = 240.0) -> dict[str, Any]:
     run = Run(cp, workers)
     before = {w.label: metric(w.port, "vllm:request_success_total") for w in workers}
     sampler = run.sample_until_stopped()
@@ -162,7 +163,17 @@ def feed(cp: ControlPlane, workers: list[Worker], rate_per_min: float, seconds: 
     # half is mostly the engine filling up.
     half = start + (end - start) / 2
     done = sum(1 for t in timelines if t["done"] is not None and half <= t["done"] <= end)
-    split = {w.label: int(metric(w.port, "vllm:request_success_total") - before[w.label]) for w in workers}
+    split: dict[str, int] = {}
+    if len(workers) > 1:
+        # The split: once the jobs taken during the feed are answered (bounded), the requests each engine completed.
+        taken = [j for j, t in zip(run.jobs, timelines) if t["taken"] is not None]
+        for j in taken:
+            try:
+                cp.result(j, timeout=max(1.0, end + drain_s - time.monotonic()))
+            except TimeoutError:
+                break
+        split = {w.label: int(metric(w.port, "vllm:request_success_total") - before[w.label]) for w in workers}
+        split["taken"] = len(taken)
     queue = [(round(at - start), queued) for at, queued, _, _ in run.samples]
     every = max(1, len(queue) // 12)
     return {
@@ -171,7 +182,7 @@ def feed(cp: ControlPlane, workers: list[Worker], rate_per_min: float, seconds: 
         "completed_per_min_second_half": round(60 * done / (end - half), 1),
         "platform_queue_over_time": [f"{t}s:{q}" for t, q in queue[::every]],
         "taken_not_running_p95": p95([float(h - e) for _, q, h, e in run.samples if q > 0]),
-        "split": split,
+        **({"split": split} if split else {}),
     }
 
 
@@ -196,12 +207,25 @@ def main() -> int:
         return 2
     print(f"machine load (1 min) at start: {load_note()}", flush=True)
 
+    # The fixed worker first: its burst keeps the engine as full as vLLM allows, so its rate is one
+    # engine's; the feeds run at twice that.
+    with ControlPlane() as cp:
+        fixed = boot(cp, adaptive=False, label="fixed")
+        try:
+            fixed_burst = burst(cp, fixed)
+            show("fixed MAX_CONCURRENCY=30: 40 jobs of 600 tokens at once", fixed_burst)
+            rate = 2 * fixed_burst["jobs_per_min"]
+            fixed_feed = feed(cp, [fixed], rate, args.feed_seconds)
+            show(f"fixed MAX_CONCURRENCY=30: fed {rate:.1f} jobs/min for {args.feed_seconds:g} s", fixed_feed)
+        finally:
+            fixed.stop()
+    print(f"machine load (1 min): {load_note()}", flush=True)
+
     with ControlPlane() as cp:
         aware = boot(cp, adaptive=True, label="aware")
         try:
             aware_burst = burst(cp, aware)
             show("capacity-aware: 40 jobs of 600 tokens at once", aware_burst)
-            rate = 2 * aware_burst["jobs_per_min"]
             aware_feed = feed(cp, [aware], rate, args.feed_seconds)
             show(f"capacity-aware: fed {rate:.1f} jobs/min for {args.feed_seconds:g} s", aware_feed)
         finally:
@@ -217,20 +241,8 @@ def main() -> int:
             finally:
                 for w in pair:
                     w.stop()
-        print(f"machine load (1 min): {load_note()}", flush=True)
-
-    with ControlPlane() as cp:
-        fixed = boot(cp, adaptive=False, label="fixed")
-        try:
-            fixed_burst = burst(cp, fixed)
-            show("fixed MAX_CONCURRENCY=30: 40 jobs of 600 tokens at once", fixed_burst)
-            fixed_feed = feed(cp, [fixed], rate, args.feed_seconds)
-            show(f"fixed MAX_CONCURRENCY=30: fed {rate:.1f} jobs/min for {args.feed_seconds:g} s", fixed_feed)
-        finally:
-            fixed.stop()
     print(f"machine load (1 min) at the end: {load_note()}", flush=True)
 
-    key = "completed_per_min_second_half"
     ratio = aware_feed[key] / fixed_feed[key] if fixed_feed[key] else float("nan")
     print(
         f"\nfirst-token wait p95: capacity-aware {aware_feed['first_token_wait_p95_s']} s, fixed "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -109,14 +110,18 @@ def test_an_idle_or_part_used_worker_does_not_ask_for_more() -> None:
 
 
 def test_growth_is_by_the_requests_the_kv_cache_still_holds() -> None:
-    # 4096 tokens, 10 % used, 3 running requests of 400 tokens that will grow by 200 each: room for 7.
-    now = EngineNow(running=3, waiting=0, kv_cache_usage=0.1, request_tokens=400.0)
+    # 4096 tokens, 30 % used: 2867 free, room for 7 requests of 400 tokens.
+    now = EngineNow(running=3, waiting=0, kv_cache_usage=0.3, request_tokens=400.0)
     assert intake.decide(Limit(3, "x"), now, 3, BOUNDS, 100.0).value == 6  # at most doubling
     assert intake.decide(Limit(8, "x"), now, 8, BOUNDS, 100.0).value == 10  # 5 taken, not yet running: room for 2
     assert intake.decide(Limit(10, "x"), now, 10, BOUNDS, 100.0).value == 10  # 7 not yet running: no room
-    # Before any request finished the length is MAX_MODEL_LEN: nothing more fits.
-    early = EngineNow(running=3, waiting=0, kv_cache_usage=0.1)
-    assert intake.decide(Limit(3, "x"), early, 3, BOUNDS, 100.0).value == 3
+    # Past what the engine ran when it was last full (+1): one at a time.
+    assert intake.decide(Limit(3, "x", ceiling=3), now, 3, BOUNDS, 100.0).value == 4
+    assert intake.decide(Limit(3, "x", ceiling=4), now, 3, BOUNDS, 100.0).value == 5
+    # Before any request finished the length is MAX_MODEL_LEN: one of 2048 tokens fits in 2867.
+    early = EngineNow(running=3, waiting=0, kv_cache_usage=0.3)
+    assert intake.decide(Limit(3, "x"), early, 3, BOUNDS, 100.0).value == 4
+    assert intake.decide(Limit(3, "x"), replace(early, kv_cache_usage=0.6), 3, BOUNDS, 100.0).value == 3
     # No KV cache size: one more at a time.
     assert intake.decide(Limit(3, "x"), early, 3, Bounds(30), 100.0).value == 4
 
@@ -134,31 +139,51 @@ def test_without_figures_the_worker_takes_up_to_max_concurrency() -> None:
 
 
 class Engine:
-    """A toy engine: runs what its KV cache holds of full-length requests, the rest wait; the running
-    ones are half-way through their length on average."""
+    """A toy engine: runs `runs` requests at once, the rest wait; each running one holds `kv_per_running`
+    tokens (`length` is a whole request's)."""
 
-    def __init__(self, fits: int) -> None:
-        self.fits = fits
+    def __init__(self, runs: int, length: float, kv_per_running: float) -> None:
+        self.runs, self.length, self.kv_per_running = runs, length, kv_per_running
 
     def read(self, held: int) -> EngineNow:
-        running = min(held, self.fits)
-        return EngineNow(running, held - running, running / (2 * self.fits), 0, request_tokens=4096 / self.fits)
+        running = min(held, self.runs)
+        usage = min(1.0, running * self.kv_per_running / 4096)
+        return EngineNow(running, held - running, usage, 0, request_tokens=self.length)
 
 
-@settings(max_examples=50)
-@given(st.integers(1, 12), st.integers(1, 30))
-def test_with_a_backlog_the_worker_settles_where_at_most_two_taken_jobs_are_not_running(fits: int, top: int) -> None:
-    engine, b = Engine(fits), Bounds(top, kv_tokens=4096, max_model_len=2048)
+def settle(engine: Engine, top: int) -> tuple[list[int], Limit]:
+    """200 reads a second apart with a platform queue that never empties; the taken-not-running counts
+    of the last 100, and the last limit."""
+    b = Bounds(top, kv_tokens=4096, max_model_len=2048)
     limit, held, spare = intake.first(b), 0, []
     for second in range(200):
-        held = max(held, limit.value)  # the platform's queue is never empty: the worker fills its limit
+        held = max(held, limit.value)  # the worker fills its limit
         now = engine.read(held)
         limit = intake.decide(limit, now, held, b, float(second))
         held = min(held, max(limit.value, now.running))  # jobs finish; the worker takes no more than its limit
         if second >= 100:
             spare.append(held - now.running)
+    return spare, limit
+
+
+@settings(max_examples=50)
+@given(st.integers(2, 24), st.integers(1, 30))
+def test_with_a_backlog_and_figures_that_hold_the_worker_uses_the_engine(runs: int, top: int) -> None:
+    # Requests half-way through on average: the engine runs twice what fits at full length.
+    spare, limit = settle(Engine(runs, length=2 * 4096 / runs, kv_per_running=4096 / runs), top)
     assert max(spare) <= 2
-    assert limit.value >= min(top, fits)  # the engine's room is used
+    assert limit.value >= min(top, runs - 2)
+
+
+@settings(max_examples=50)
+@given(st.integers(1, 12), st.integers(1, 30), st.floats(0.1, 0.9))
+def test_with_a_backlog_and_an_engine_fuller_than_it_looks_at_most_two_taken_jobs_wait(
+    runs: int, top: int, kv_share: float
+) -> None:
+    # The KV figures say there is room, but the engine runs no more than `runs`: its waiting queue says so.
+    spare, limit = settle(Engine(runs, length=4096 / (4 * runs), kv_per_running=kv_share * 4096 / (4 * runs)), top)
+    assert sorted(spare)[94] <= 2  # the 95th of 100
+    assert limit.value >= min(top, runs)
 
 
 def test_the_holder_logs_a_change_at_most_every_log_every_s(caplog: pytest.LogCaptureFixture) -> None:

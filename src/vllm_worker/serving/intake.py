@@ -10,11 +10,11 @@ worker is added. Here the limit follows the engine, read from vLLM's /metrics ev
   below 1. One read with a request waiting is a request that arrived between two scheduler steps.
 - No request waiting, the KV cache under KV_HIGH, and the worker using its whole limit: the limit
   grows, at most once every GROW_EVERY_S and not within HOLD_S of a drop (so it does not flap), by
-  the requests the KV cache still holds: the capacity plan's KV tokens, less those in use and half
-  a request for each running one (what it will still grow into, on average), against the requests'
+  the requests the KV cache still holds: the capacity plan's free KV tokens against the requests'
   length (the mean prompt plus generated tokens of the requests finished so far, MAX_MODEL_LEN
-  before any has), less the jobs taken and not yet in the engine; at most doubling. No growth when
-  that is under one request; by 1 when the KV cache size is unknown.
+  before any has), less the jobs taken and not yet in the engine; at most doubling, and past what
+  the engine ran when it was last full (+1) one at a time. No growth when that is under one
+  request; by 1 when the KV cache size is unknown.
 - Otherwise the limit holds.
 
 The first limit is what the KV cache holds of requests as long as MAX_MODEL_LEN (+1), so a worker
@@ -72,6 +72,7 @@ class Limit:
     changed_at: float | None = None  # when the value last changed (None: never)
     dropped_at: float | None = None  # when it last went down
     waited_before: bool = False  # requests were waiting at the previous read
+    ceiling: int | None = None  # what the engine ran the last time it was full
 
 
 def _fit(kv_tokens: int | None, request_tokens: float | None) -> int | None:
@@ -81,11 +82,12 @@ def _fit(kv_tokens: int | None, request_tokens: float | None) -> int | None:
 
 
 def _room(now: EngineNow, held: int, kv_tokens: int | None, length: float | None) -> int | None:
-    """Requests of `length` tokens the KV cache still holds: its free tokens, less what the running requests
-    will still grow into (half a request each, on average), less the jobs taken and not yet in the engine."""
+    """Requests of `length` tokens the KV cache's free tokens hold, less the jobs taken and not yet in the
+    engine. The running requests' growth is not reserved: they end at different times, and vLLM's own
+    signals (requests waiting, preemptions) bring the limit down when they do not."""
     if not kv_tokens or not length or length <= 0:
         return None
-    free = kv_tokens * (1.0 - now.kv_cache_usage) - now.running * length / 2
+    free = kv_tokens * (1.0 - now.kv_cache_usage)
     return math.floor(free / length + 1e-9) - max(0, held - now.running)
 
 
@@ -116,9 +118,10 @@ def decide(current: Limit, now: EngineNow | None, held: int, bounds: Bounds, at:
         spare = 0 if now.preempted > 0 else 1
         target = max(1, min(top, now.running + spare))
         cause = f"the engine preempted {now.preempted} request(s)" if now.preempted > 0 else "requests wait inside the engine"
+        full = replace(current, ceiling=now.running)
         if target < current.value:
-            return _set(current, target, f"{cause} ({_figures(now)}): taking what it runs" + (" +1" if spare else ""), at, waited)
-        return _set(current, current.value, f"{cause} ({_figures(now)}): holding", at, waited)
+            return _set(full, target, f"{cause} ({_figures(now)}): taking what it runs" + (" +1" if spare else ""), at, waited)
+        return _set(full, current.value, f"{cause} ({_figures(now)}): holding", at, waited)
     if waited or now.kv_cache_usage >= KV_HIGH or held < current.value or current.value >= top:
         return replace(current, waited_before=waited)
     if current.changed_at is not None and at - current.changed_at < GROW_EVERY_S:
@@ -135,6 +138,9 @@ def decide(current: Limit, now: EngineNow | None, held: int, bounds: Bounds, at:
         if step < 1:
             return replace(current, waited_before=waited)
     target = min(top, current.value + step)
+    if current.ceiling is not None and target > current.ceiling + 1:
+        # Past what the engine ran when it was last full: one more at a time.
+        target = min(target, max(current.ceiling + 1, current.value + 1))
     return _set(current, target, f"{why} ({_figures(now)})", at, waited)
 
 
@@ -142,7 +148,7 @@ def _set(current: Limit, value: int, reason: str, at: float, waited: bool) -> Li
     if value == current.value:
         return replace(current, reason=reason, waited_before=waited)
     dropped = at if value < current.value else current.dropped_at
-    return Limit(value, reason, changed_at=at, dropped_at=dropped, waited_before=waited)
+    return replace(current, value=value, reason=reason, changed_at=at, dropped_at=dropped, waited_before=waited)
 
 
 def bounds_from(status: Mapping[str, Any], max_concurrency: int) -> Bounds:
