@@ -15,6 +15,7 @@ control-plane stand-in (tests/support/control_plane.py). In one run:
    workers sharing one queue (the split: requests each engine completed of the jobs taken).
 
     flock /tmp/vllm-engine.lock .venv/bin/python bench/intake.py [--feed-seconds 120] [--skip-two]
+        [--rate JOBS_PER_MIN --no-burst]
 
 Prints the figures and the ratios; asserts nothing (a bench, not a test).
 """
@@ -201,6 +202,8 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--feed-seconds", type=float, default=120.0)
     parser.add_argument("--skip-two", action="store_true", help="no two-worker phase")
+    parser.add_argument("--rate", type=float, help="jobs per minute to feed (default: twice the fixed burst's rate)")
+    parser.add_argument("--no-burst", action="store_true", help="feeds only (needs --rate)")
     args = parser.parse_args()
     if not engine_env.VLLM_BIN.exists():
         print(f"{engine_env.VLLM_BIN} is missing: run `bash scripts/setup.sh`", file=sys.stderr)
@@ -212,9 +215,10 @@ def main() -> int:
     with ControlPlane() as cp:
         fixed = boot(cp, adaptive=False, label="fixed")
         try:
-            fixed_burst = burst(cp, fixed)
-            show("fixed MAX_CONCURRENCY=30: 40 jobs of 600 tokens at once", fixed_burst)
-            rate = 2 * fixed_burst["jobs_per_min"]
+            fixed_burst = {"taken_not_running_p95": None} if args.no_burst else burst(cp, fixed)
+            if not args.no_burst:
+                show("fixed MAX_CONCURRENCY=30: 40 jobs of 600 tokens at once", fixed_burst)
+            rate = args.rate or 2 * fixed_burst["jobs_per_min"]
             fixed_feed = feed(cp, [fixed], rate, args.feed_seconds)
             show(f"fixed MAX_CONCURRENCY=30: fed {rate:.1f} jobs/min for {args.feed_seconds:g} s", fixed_feed)
         finally:
@@ -224,8 +228,9 @@ def main() -> int:
     with ControlPlane() as cp:
         aware = boot(cp, adaptive=True, label="aware")
         try:
-            aware_burst = burst(cp, aware)
-            show("capacity-aware: 40 jobs of 600 tokens at once", aware_burst)
+            aware_burst = {"taken_not_running_p95": None} if args.no_burst else burst(cp, aware)
+            if not args.no_burst:
+                show("capacity-aware: 40 jobs of 600 tokens at once", aware_burst)
             aware_feed = feed(cp, [aware], rate, args.feed_seconds)
             show(f"capacity-aware: fed {rate:.1f} jobs/min for {args.feed_seconds:g} s", aware_feed)
         finally:
@@ -243,6 +248,7 @@ def main() -> int:
                     w.stop()
     print(f"machine load (1 min) at the end: {load_note()}", flush=True)
 
+    key = "completed_per_min_second_half"
     ratio = aware_feed[key] / fixed_feed[key] if fixed_feed[key] else float("nan")
     print(
         f"\nfirst-token wait p95: capacity-aware {aware_feed['first_token_wait_p95_s']} s, fixed "
