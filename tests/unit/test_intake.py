@@ -109,19 +109,23 @@ def test_an_idle_or_part_used_worker_does_not_ask_for_more() -> None:
     assert intake.decide(Limit(4, "x"), roomy, 2, BOUNDS, 100.0).value == 4
 
 
-def test_growth_is_by_the_requests_the_kv_cache_still_holds() -> None:
-    # 4096 tokens, 30 % used: 2867 free, room for 7 requests of 400 tokens.
-    now = EngineNow(running=3, waiting=0, kv_cache_usage=0.3, request_tokens=400.0)
+def test_growth_is_by_the_requests_the_kv_cache_holds_to_their_end() -> None:
+    # 4096 tokens; 3 running requests of 400 tokens will need 1200: room for 7 more.
+    now = EngineNow(running=3, waiting=0, kv_cache_usage=0.1, request_tokens=400.0)
     assert intake.decide(Limit(3, "x"), now, 3, BOUNDS, 100.0).value == 6  # at most doubling
     assert intake.decide(Limit(8, "x"), now, 8, BOUNDS, 100.0).value == 10  # 5 taken, not yet running: room for 2
-    assert intake.decide(Limit(10, "x"), now, 10, BOUNDS, 100.0).value == 10  # 7 not yet running: no room
     # Past what the engine ran when it was last full (+1): one at a time.
     assert intake.decide(Limit(3, "x", ceiling=3), now, 3, BOUNDS, 100.0).value == 4
     assert intake.decide(Limit(3, "x", ceiling=4), now, 3, BOUNDS, 100.0).value == 5
-    # Before any request finished the length is MAX_MODEL_LEN: one of 2048 tokens fits in 2867.
+    # What they hold now counts when it is more than their length: 60 % used leaves room for 4.
+    assert intake.decide(Limit(3, "x"), replace(now, kv_cache_usage=0.6), 3, BOUNDS, 100.0).value == 6
+    # No room to their end: one more every PROBE_EVERY_S while the engine copes.
+    full = Limit(10, "x", changed_at=95.0)
+    assert intake.decide(full, now, 10, BOUNDS, 100.0).value == 10
+    assert intake.decide(full, now, 10, BOUNDS, 95.0 + intake.PROBE_EVERY_S).value == 11
+    # Before any request finished the length is MAX_MODEL_LEN: 3 of 2048 tokens do not fit in 4096.
     early = EngineNow(running=3, waiting=0, kv_cache_usage=0.3)
-    assert intake.decide(Limit(3, "x"), early, 3, BOUNDS, 100.0).value == 4
-    assert intake.decide(Limit(3, "x"), replace(early, kv_cache_usage=0.6), 3, BOUNDS, 100.0).value == 3
+    assert intake.decide(Limit(3, "x", changed_at=99.0), early, 3, BOUNDS, 100.0).value == 3
     # No KV cache size: one more at a time.
     assert intake.decide(Limit(3, "x"), early, 3, Bounds(30), 100.0).value == 4
 

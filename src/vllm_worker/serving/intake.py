@@ -10,11 +10,13 @@ worker is added. Here the limit follows the engine, read from vLLM's /metrics ev
   below 1. One read with a request waiting is a request that arrived between two scheduler steps.
 - No request waiting, the KV cache under KV_HIGH, and the worker using its whole limit: the limit
   grows, at most once every GROW_EVERY_S and not within HOLD_S of a drop (so it does not flap), by
-  the requests the KV cache still holds: the capacity plan's free KV tokens against the requests'
-  length (the mean prompt plus generated tokens of the requests finished so far, MAX_MODEL_LEN
-  before any has), less the jobs taken and not yet in the engine; at most doubling, and past what
-  the engine ran when it was last full (+1) one at a time. No growth when that is under one
-  request; by 1 when the KV cache size is unknown.
+  the requests the KV cache holds to their end: the capacity plan's KV tokens, less what the
+  running requests will need at their end (each as long as the requests' length: the mean prompt
+  plus generated tokens of the requests finished so far, MAX_MODEL_LEN before any has), against
+  that length, less the jobs taken and not yet in the engine; at most doubling, and past what the
+  engine ran when it was last full (+1) one at a time. When that is under one request, by one every
+  PROBE_EVERY_S (requests that end at different times need less: vLLM's waiting queue and
+  preemptions say when they do not); by 1 when the KV cache size is unknown.
 - Otherwise the limit holds.
 
 The first limit is what the KV cache holds of requests as long as MAX_MODEL_LEN (+1), so a worker
@@ -35,6 +37,7 @@ log = logging.getLogger("vllm_worker")
 
 POLL_S = 1.0
 GROW_EVERY_S = 2.0
+PROBE_EVERY_S = 10.0
 HOLD_S = 5.0
 KV_HIGH = 0.9
 LOG_EVERY_S = 30.0
@@ -82,12 +85,11 @@ def _fit(kv_tokens: int | None, request_tokens: float | None) -> int | None:
 
 
 def _room(now: EngineNow, held: int, kv_tokens: int | None, length: float | None) -> int | None:
-    """Requests of `length` tokens the KV cache's free tokens hold, less the jobs taken and not yet in the
-    engine. The running requests' growth is not reserved: they end at different times, and vLLM's own
-    signals (requests waiting, preemptions) bring the limit down when they do not."""
+    """Requests of `length` tokens the KV cache holds to their end beside the running ones (each of which
+    will need `length` too, or what it holds now if more), less the jobs taken and not yet in the engine."""
     if not kv_tokens or not length or length <= 0:
         return None
-    free = kv_tokens * (1.0 - now.kv_cache_usage)
+    free = kv_tokens - max(kv_tokens * now.kv_cache_usage, now.running * length)
     return math.floor(free / length + 1e-9) - max(0, held - now.running)
 
 
@@ -132,11 +134,14 @@ def decide(current: Limit, now: EngineNow | None, held: int, bounds: Bounds, at:
     room = _room(now, held, bounds.kv_tokens or now.kv_tokens, length)
     if room is None:
         step, why = 1, "the engine has room"
-    else:
+    elif room >= 1:
         step = min(room, current.value)
-        why = f"the KV cache has room for about {room} more request(s) of {length:,.0f} tokens"
-        if step < 1:
-            return replace(current, waited_before=waited)
+        why = f"the KV cache holds about {room} more request(s) of {length:,.0f} tokens to their end"
+    elif current.changed_at is None or at - current.changed_at >= PROBE_EVERY_S:
+        # Requests that end at different times need less than that: one more, slowly, while vLLM copes.
+        step, why = 1, "the engine copes with what it runs: one more"
+    else:
+        return replace(current, waited_before=waited)
     target = min(top, current.value + step)
     if current.ceiling is not None and target > current.ceiling + 1:
         # Past what the engine ran when it was last full: one more at a time.
