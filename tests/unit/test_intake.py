@@ -156,16 +156,16 @@ class Engine:
 
 
 def settle(engine: Engine, top: int) -> tuple[list[int], Limit]:
-    """200 reads a second apart with a platform queue that never empties; the taken-not-running counts
+    """400 reads a second apart with a platform queue that never empties; the taken-not-running counts
     of the last 100, and the last limit."""
     b = Bounds(top, kv_tokens=4096, max_model_len=2048)
     limit, held, spare = intake.first(b), 0, []
-    for second in range(200):
+    for second in range(400):
         held = max(held, limit.value)  # the worker fills its limit
         now = engine.read(held)
         limit = intake.decide(limit, now, held, b, float(second))
         held = min(held, max(limit.value, now.running))  # jobs finish; the worker takes no more than its limit
-        if second >= 100:
+        if second >= 300:
             spare.append(held - now.running)
     return spare, limit
 

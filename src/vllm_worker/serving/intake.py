@@ -37,7 +37,7 @@ log = logging.getLogger("vllm_worker")
 
 POLL_S = 1.0
 GROW_EVERY_S = 2.0
-PROBE_EVERY_S = 10.0
+PROBE_EVERY_S = 20.0
 HOLD_S = 5.0
 KV_HIGH = 0.9
 LOG_EVERY_S = 30.0
