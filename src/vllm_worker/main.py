@@ -24,26 +24,18 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence, cast
-
-from vllm_worker.config import args_builder, command
+from typing import Any, Mapping, Sequence, cast
 
 from vllm_worker import capacity
-
-from vllm_worker.engine import gpu_memory
-
-from vllm_worker.serving import handler
-
-from vllm_worker.model import cache as model_cache
-
-from vllm_worker.serving import engine_load, fresh_machine
-from vllm_worker.serving import platform
+from vllm_worker.config import args_builder, command
 from vllm_worker.config import settings as settings_mod
 from vllm_worker.config.profile import LaunchProfile
-from vllm_worker.engine import compile_cache, machine_checks
+from vllm_worker.engine import compile_cache, gpu_memory, machine_checks
 from vllm_worker.engine.download_progress import DownloadPlan, expected_bytes, repo_folder
 from vllm_worker.engine.launcher import Launcher, MemoryWait, StartupOutcome, Supervisor, start_engine
 from vllm_worker.engine.monitor import EngineMonitor
+from vllm_worker.model import cache as model_cache
+from vllm_worker.serving import engine_load, fresh_machine, handler, intake, platform
 from vllm_worker.serving.state import WorkerState
 
 log = logging.getLogger("vllm_worker")
@@ -137,8 +129,11 @@ def _start_and_serve(
         log.info("engine ready; taking jobs (up to %d at once)", settings.max_concurrency)
     if outcome.engine is not None and not outcome.fatal and outcome.climb is not None:
         climb = outcome.climb
+        gate = intake.Intake(
+            lambda: intake.bounds_from(state.status, settings.max_concurrency), settings.adaptive_concurrency
+        )
         state.load_watch = engine_load.LoadWatch(
-            settings.vllm_host, settings.vllm_port, lambda: climb.profile, settings.max_concurrency
+            settings.vllm_host, settings.vllm_port, lambda: climb.profile, settings.max_concurrency, intake=gate
         ).start()
         EngineMonitor(
             supervisor,
@@ -156,7 +151,8 @@ def _start_and_serve(
 
 def _serve(state: WorkerState, concurrency: int, shutdown: platform.Shutdown, drain_timeout: float) -> int:
     handler.configure(state)
-    return platform.serve(handler.handler, handler.close_session, concurrency, shutdown, state, drain_timeout)
+    gate = state.load_watch.intake if state.load_watch is not None else None
+    return platform.serve(handler.handler, handler.close_session, concurrency, shutdown, state, drain_timeout, gate)
 
 
 def _prepare_worker_process() -> None:
@@ -196,7 +192,7 @@ def _start_fields(outcome: StartupOutcome) -> dict[str, Any]:
     launcher = outcome.launcher
     if launcher is None:
         return {}
-    ready = next((r for r in reversed(outcome.launches) if r.get("outcome") == "ready"), {})
+    ready: dict[str, Any] = next((r for r in reversed(outcome.launches) if r.get("outcome") == "ready"), {})
     return {
         "worker_phases": dict(launcher.worker_phases),
         "compile_caches": {**launcher.caches.status(), "found": ready.get("compile_caches")},
@@ -270,7 +266,7 @@ def _startup(
     step = time.monotonic()
 
     devices = gpu_memory.probe(profile, cast(gpu_memory.Platform, settings.engine_device))
-    on_cpu = bool(devices) and devices[0].kind == "cpu"
+    on_cpu = bool(devices) and devices is not None and devices[0].kind == "cpu"
     total = min(d.total for d in devices) if devices and not on_cpu else None
     plan = capacity.startup_plan(
         profile,

@@ -47,6 +47,8 @@ class _Job:
     done_query: list[dict[str, str]] = field(default_factory=list)
     done_at: list[float] = field(default_factory=list)  # time.monotonic() of each job-done post's arrival
     stop_requested: bool = False
+    streamed_at: list[float] = field(default_factory=list)
+    done_at: list[float] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -226,6 +228,23 @@ class ControlPlane:
         with self._cond:
             return list(self._job(job_id).taken)
 
+    def queued(self) -> int:
+        """Jobs submitted and not yet handed to a worker: the queue the platform's scaler sees."""
+        with self._cond:
+            return len(self._queue)
+
+    def timeline(self, job_id: str) -> dict[str, float | None]:
+        """time.monotonic() of the job's submit, first take, first stream post and first job-done post."""
+        with self._cond:
+            job = self._job(job_id)
+            first = lambda times: times[0] if times else None  # noqa: E731
+            return {
+                "submitted": job.submitted,
+                "taken": first(job.taken),
+                "first_stream": first(job.streamed_at),
+                "done": first(job.done_at),
+            }
+
     def stop(self, job_id: str) -> None:
         """Signal the worker to stop the job, as a client's /cancel does."""
         with self._cond:
@@ -307,6 +326,7 @@ class ControlPlane:
                 job.done_at.append(time.monotonic())
             else:
                 job.stream.append(body)
+                job.streamed_at.append(time.monotonic())
             self._cond.notify_all()
             return True
 

@@ -50,6 +50,7 @@ class Settings:
     # names no other figure; 3 s of running jobs leaves 2 s to post the stopping sentence.
     drain_timeout: float = 3.0
     refresh_limit: int = 3
+    adaptive_concurrency: bool = True
 
 
 # name -> (default as documented, None when unset; description); README's table is checked against this.
@@ -91,6 +92,12 @@ DOCUMENTED: dict[str, tuple[str | None, str]] = {
         "3",
         "fresh workers the endpoint's workers may ask the platform for within an hour after a fault of the "
         "machine; counted on the network volume (BASE_PATH/.vllm-worker); 0 never asks",
+    ),
+    "ADAPTIVE_CONCURRENCY": (
+        "true",
+        "take only as many jobs as the engine can start now (read from its /metrics every second), up to "
+        "MAX_CONCURRENCY, so the rest wait in the endpoint's queue where the autoscaler sees them; false takes "
+        "MAX_CONCURRENCY whatever the engine can run",
     ),
     "DEFAULT_MAX_TOKENS": (
         None,
@@ -199,4 +206,5 @@ def load(env: Mapping[str, str]) -> Settings:
         base_path=_parse(env, "BASE_PATH", "/runpod-volume", _absolute_path, "an absolute path such as /runpod-volume"),
         drain_timeout=_parse(env, "DRAIN_TIMEOUT", 3.0, _seconds_or_zero, "a number of seconds, 0 or more"),
         refresh_limit=_parse(env, "WORKER_REFRESH_LIMIT", 3, _int_in(0, 1000), "a whole number from 0 to 1000"),
+        adaptive_concurrency=_parse(env, "ADAPTIVE_CONCURRENCY", True, _bool, "true or false (also 1/0, yes/no, on/off)"),
     )

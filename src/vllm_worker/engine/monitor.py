@@ -27,18 +27,16 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Sequence
 
+from vllm_worker.config import settings as settings_mod
 from vllm_worker.diagnosis import runtime
 from vllm_worker.diagnosis.runtime import hang_diagnosis, restarting_sentence
 from vllm_worker.diagnosis.verdict import Failure
-from vllm_worker.serving.state import WorkerState
-
 from vllm_worker.engine import ladder
-
-from vllm_worker.config import settings as settings_mod
-from vllm_worker.engine.process import Engine, health_url
 from vllm_worker.engine.launcher import Launcher, MemoryWait, Supervisor, WorkerStopping
+from vllm_worker.engine.process import Engine, health_url
+from vllm_worker.serving.state import WorkerState
 
 log = logging.getLogger("vllm_worker")
 

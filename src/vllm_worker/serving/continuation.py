@@ -315,12 +315,17 @@ class StreamLedger:
     def closing(self, body: dict[str, Any]) -> str:
         """The events that end a stream whose every asked-for token was sent before the engine died."""
         kept = len(self.ids)
-        ids = [] if self.client_ids else None
+        ids: list[int] | None = [] if self.client_ids else None
         if self.chat:
-            choice: dict[str, Any] = {"index": 0, "delta": {}, "logprobs": None, "finish_reason": "length", "stop_reason": None, "token_ids": ids}
+            choice: dict[str, Any] = {
+                "index": 0, "delta": {}, "logprobs": None, "finish_reason": "length", "stop_reason": None, "token_ids": ids
+            }
             obj = "chat.completion.chunk"
         else:
-            choice = {"index": 0, "text": "", "logprobs": None, "finish_reason": "length", "stop_reason": None, "prompt_token_ids": None, "token_ids": ids}
+            choice = {
+                "index": 0, "text": "", "logprobs": None, "finish_reason": "length", "stop_reason": None,
+                "prompt_token_ids": None, "token_ids": ids,
+            }
             obj = "text_completion"
         head = {"id": self.stream_id, "object": obj, "created": self.created, "model": self.model}
         out = _dump({**head, "choices": [choice]})

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import threading
 import time
 import urllib.error
@@ -28,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from vllm_worker.config.profile import LaunchProfile
+from vllm_worker.serving import intake
 
 log = logging.getLogger("vllm_worker")
 
@@ -48,6 +50,10 @@ _COUNTERS = {
     "vllm:generation_tokens_total": "generation_tokens",
     "vllm:prefix_cache_queries_total": "prefix_cache_queries",
     "vllm:prefix_cache_hits_total": "prefix_cache_hits",
+    # Histograms of finished requests: their prompt and generated tokens (the intake's request length).
+    "vllm:request_prompt_tokens_sum": "finished_prompt_tokens",
+    "vllm:request_generation_tokens_sum": "finished_generation_tokens",
+    "vllm:request_prompt_tokens_count": "finished_requests",
 }
 NO_STATS = (
     "the engine's /metrics has no vllm:num_requests_running: vLLM keeps no statistics "
@@ -71,6 +77,28 @@ class Sample:
     generation_tokens: int
     prefix_cache_queries: int
     prefix_cache_hits: int
+    finished_prompt_tokens: int = 0
+    finished_generation_tokens: int = 0
+    finished_requests: int = 0
+    kv_tokens: int | None = None  # from vllm:cache_config_info
+
+
+_CACHE_INFO = re.compile(r'^vllm:cache_config_info\{(?P<labels>[^}]*)\}', re.MULTILINE)
+_LABEL = re.compile(r'(\w+)="([^"]*)"')
+
+
+def _kv_tokens(text: str) -> int | None:
+    """The KV cache's size in tokens from vLLM's cache_config_info labels."""
+    found = _CACHE_INFO.search(text)
+    if found is None:
+        return None
+    labels = dict(_LABEL.findall(found.group("labels")))
+    try:
+        if labels.get("kv_cache_size_tokens") not in (None, "", "None"):
+            return int(labels["kv_cache_size_tokens"])
+        return int(labels["num_gpu_blocks"]) * int(labels["block_size"])
+    except (KeyError, ValueError):
+        return None
 
 
 def parse(text: str, at: float) -> Sample | None:
@@ -101,6 +129,7 @@ def parse(text: str, at: float) -> Sample | None:
         at=at,
         kv_cache_usage=max(kv) if kv else 0.0,
         **{field: int(values.get(field, 0.0)) for field in ("running", "waiting", *_COUNTERS.values())},
+        kv_tokens=_kv_tokens(text),
     )
 
 
@@ -138,6 +167,23 @@ def _same_engine(previous: Sample | None, current: Sample) -> bool:
     if previous is None:
         return False
     return all(getattr(current, name) >= getattr(previous, name) for name in _COUNTERS.values())
+
+
+def engine_now(current: Sample | None, previous: Sample | None) -> intake.EngineNow | None:
+    """What the intake decision reads of one sample: the gauges, preemptions since `previous` (the same
+    engine's), and the mean length (prompt + generated tokens) of the requests finished so far."""
+    if current is None:
+        return None
+    base = previous if _same_engine(previous, current) else None
+    finished = current.finished_requests
+    return intake.EngineNow(
+        running=current.running,
+        waiting=current.waiting,
+        kv_cache_usage=current.kv_cache_usage,
+        preempted=current.preemptions - base.preemptions if base is not None else 0,
+        request_tokens=(current.finished_prompt_tokens + current.finished_generation_tokens) / finished if finished > 0 else None,
+        kv_tokens=current.kv_tokens,
+    )
 
 
 def advice(previous: Sample | None, current: Sample, profile: LaunchProfile, max_concurrency: int) -> str | None:
@@ -204,8 +250,13 @@ class LoadWatch:
         max_concurrency: int,
         interval: float = POLL_S,
         clock: Callable[[], float] = time.monotonic,
+        intake: intake.Intake | None = None,
     ) -> None:
         self.url = metrics_url(host, port)
+        # With an adaptive intake, /metrics is read every intake.POLL_S for it; the warning still every `interval`.
+        self.intake = intake
+        self._intake_last: Sample | None = None
+        self._observed_at: float | None = None
         self.profile = profile  # the configuration serving now (a restart may have taken a ladder step)
         self.max_concurrency = max_concurrency
         self.interval = interval
@@ -225,12 +276,23 @@ class LoadWatch:
         self._stop.set()
 
     def _run(self) -> None:
+        adaptive = self.intake is not None and self.intake.adaptive
+        every = min(self.interval, intake.POLL_S) if adaptive else self.interval
         while True:
-            sample, _answered = read(self.url, clock=self.clock)
-            if sample is not None:
+            sample, answered = read(self.url, clock=self.clock)
+            if adaptive and answered:
+                self.feed_intake(sample)
+            if sample is not None and (self._observed_at is None or sample.at - self._observed_at >= self.interval - every / 2):
+                self._observed_at = sample.at
                 self.observe(sample)
-            if self._stop.wait(self.interval):
+            if self._stop.wait(every):
                 return
+
+    def feed_intake(self, sample: Sample | None) -> None:
+        """One read for the intake decision (an answered /metrics without figures: no adaptation)."""
+        assert self.intake is not None
+        previous, self._intake_last = self._intake_last, sample
+        self.intake.observe(engine_now(sample, previous), self.clock() if sample is None else sample.at)
 
     def observe(self, sample: Sample) -> str | None:
         """Take one read; returns the warning logged for it, if any."""

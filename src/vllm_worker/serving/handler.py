@@ -506,6 +506,8 @@ async def handler(job: dict[str, Any]) -> AsyncGenerator[Any, None]:
         report = status_report(state)
         if state.load_watch is not None:
             report["load"] = state.load_watch.status(await _read_load(state)) if state.ready.is_set() else None
+            # How many jobs the worker takes now and why (serving.intake).
+            report["intake"] = state.load_watch.intake.status() if state.load_watch.intake is not None else None
         yield report
         return
     if state.fatal:

@@ -422,6 +422,7 @@ def _shorthand(job_input: dict[str, Any], served_model_name: str, default_max_to
             "the chat template; send 'prompt' instead to skip it."
         )
 
+    value: Any  # the prompt (a string or strings) or the messages, as the body's field takes it
     if has_prompt:
         prompt = job_input["prompt"]
         if not (isinstance(prompt, str) or (isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt))):

@@ -222,7 +222,10 @@ class Shutdown:
             return
         if self.state is not None:
             cut = handler_mod.interrupt_running(self.state, stopped_sentence(self.drain_timeout, self._at_once.is_set()))
-            log.warning("the worker stops with jobs still running: %d request(s) to the engine cut, each answered that it can be sent again", cut)
+            log.warning(
+                "the worker stops with jobs still running: %d request(s) to the engine cut, each answered that it can be sent again",
+                cut,
+            )
         # The SIGKILL ends the process then anyway: the loop winds down rather than be killed mid-post.
         await asyncio.wait({work}, timeout=max(0.0, post_deadline(signal_at, self.drain_timeout) - time.monotonic()))
 
@@ -316,6 +319,69 @@ def keep_sdk_checks_off() -> None:
     sdk_worker.run_fitness_checks = worker_made_its_checks  # type: ignore[attr-defined]
 
 
+# ==================================================================================================
+# Capacity-aware taking (serving.intake): the SDK's concurrency_modifier, without its drain on change.
+#
+# runpod 1.12's `JobScaler.set_scale` applies a new concurrency_modifier value only after
+# `while self.current_occupancy() > 0: await asyncio.sleep(1)`, and takes no job meanwhile: a limit
+# that follows the engine would drain the worker at every change. The wait is there because the new
+# value came with a new `asyncio.Queue(maxsize=...)`, and a job taken from the old queue would call
+# `task_done()` on the new one. The patch keeps one unbounded queue for the worker's life, made
+# while nothing is taken (the loop's first call): how many jobs it holds is bounded by the take
+# itself (`get_jobs` asks for the limit less what is held, `run_jobs` starts jobs up to the limit),
+# so a new limit applies at once: a lower one takes nothing until enough jobs end, a higher one
+# asks for more at the next take. runpod-python PR #457 (open) removes the wait upstream; once the
+# pinned SDK has it, `patch_set_scale` and its test (tests/unit/test_intake_sdk.py) go.
+PATCHED_RUNPOD = "1.12."
+
+
+def patch_set_scale() -> bool:
+    """Replace runpod 1.12's `JobScaler.set_scale` with one that never drains; False (and a log line)
+    on another SDK version, whose set_scale is left as it is."""
+    import runpod
+    from runpod.serverless.modules import rp_scale
+
+    scaler = rp_scale.JobScaler
+    if getattr(scaler.set_scale, "_vllm_worker", False):
+        return True
+    if not str(getattr(runpod, "__version__", "")).startswith(PATCHED_RUNPOD):
+        log.warning(
+            "runpod %s is not the pinned %sx: its JobScaler.set_scale is left as it is, so a change of the job "
+            "limit may wait for the worker to be idle (runpod-python PR #457)",
+            getattr(runpod, "__version__", "?"),
+            PATCHED_RUNPOD,
+        )
+        return False
+
+    async def set_scale(self: Any) -> None:
+        self.current_concurrency = max(1, int(self.concurrency_modifier(self.current_concurrency)))
+        idle = self.jobs_queue.qsize() == 0 and self.job_progress.get_job_count() == 0
+        if self.jobs_queue.maxsize != 0 and idle:
+            self.jobs_queue = asyncio.Queue()  # once: from now on no limit needs a new queue
+
+    set_scale._vllm_worker = True  # type: ignore[attr-defined]
+    scaler.set_scale = set_scale  # type: ignore[method-assign]
+    return True
+
+
+def held_jobs() -> int:
+    """Jobs the worker has taken and not yet answered (the SDK's JobsProgress: queued and running)."""
+    from runpod.serverless.modules.worker_state import JobsProgress
+
+    return JobsProgress().get_job_count()
+
+
+def concurrency_modifier(intake: Any | None, fixed: int) -> Callable[[int], int]:
+    """What the SDK asks before every take: the intake's current limit, or the fixed MAX_CONCURRENCY."""
+    if intake is None or not intake.adaptive:
+        return lambda current: fixed
+    intake.held = held_jobs
+    patch_set_scale()
+    return lambda current: intake.value
+
+
+# ==================================================================================================
+
 def serve(
     handler: Callable[[dict[str, Any]], AsyncGenerator[Any, None]],
     close_session: Callable[[], Awaitable[None]],
@@ -323,6 +389,7 @@ def serve(
     shutdown: Shutdown,
     state: WorkerState,
     drain_timeout: float,
+    intake: Any | None = None,
 ) -> int:
     """Answer jobs: one local test job, or the SDK's job loop (or its local API) until stopped; the exit code."""
     global _config
@@ -341,7 +408,7 @@ def serve(
     shutdown.serving(state, drain_timeout, local_api)
     _config = {
         "handler": handler,
-        "concurrency_modifier": lambda current: concurrency,
+        "concurrency_modifier": concurrency_modifier(intake, concurrency),
         "return_aggregate_stream": True,
         "refresh_worker": _fresh_worker_wanted,
     }

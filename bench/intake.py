@@ -1,0 +1,264 @@
+"""Capacity-aware taking against a fixed MAX_CONCURRENCY=30, as the platform sees it (serving.intake).
+
+The real vLLM CPU engine (tiny Llama, a 4 MiB KV cache that holds a few long requests,
+MAX_MODEL_LEN=2048), the worker as a process through the runpod SDK's job loop, against the
+control-plane stand-in (tests/support/control_plane.py). In one run:
+
+1. burst: 40 streamed jobs of 600 tokens queued at once; sampled every SAMPLE_S while the platform
+   still queues: jobs the worker has taken that the engine is not running (taken, not answered,
+   less vLLM's num_requests_running). Also gives one engine's rate, in jobs per minute.
+2. feed: the stand-in's queue fed at twice that rate for --feed-seconds: the p95 time a taken job
+   waits inside the worker before its first token (take to first stream post; a job still without
+   one at the end counts until then), the queue the platform sees over time, completed jobs per
+   minute (over the feed's second half). The fixed worker first (its burst gives the rate: it keeps
+   the engine as full as vLLM allows), then the capacity-aware one, then (3) two capacity-aware
+   workers sharing one queue (the split: requests each engine completed of the jobs taken).
+
+    flock /tmp/vllm-engine.lock .venv/bin/python bench/intake.py [--feed-seconds 120] [--skip-two]
+        [--rate JOBS_PER_MIN --no-burst]
+
+Prints the figures and the ratios; asserts nothing (a bench, not a test).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "src")]
+
+from tests.support import engine_env  # noqa: E402
+from tests.support.control_plane import ControlPlane  # noqa: E402
+from tests.support.worker_proc import WorkerProcess, engine_processes, running  # noqa: E402
+
+TOKENS = 600
+BURST = 40
+SAMPLE_S = 0.25
+PROMPT = "hello " * 20
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def job() -> dict[str, Any]:
+    body = {"prompt": PROMPT, "max_tokens": TOKENS, "min_tokens": TOKENS, "stream": True}
+    return {"openai_route": "/v1/completions", "openai_input": body}
+
+
+def metric(port: int, name: str) -> float:
+    try:
+        with _OPENER.open(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+            text = response.read().decode()
+    except OSError:
+        return 0.0
+    return sum(float(v) for v in re.findall(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", text, re.M))
+
+
+def p95(values: list[float]) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, math.ceil(0.95 * len(ordered)) - 1)]
+
+
+@dataclass
+class Worker:
+    proc: WorkerProcess
+    port: int
+    label: str
+
+    def stop(self) -> None:
+        leftovers = engine_processes(self.proc.pid) if self.proc.returncode is None else []
+        self.proc.stop(timeout=60)
+        for proc in leftovers:
+            if running(proc):
+                proc.kill()
+
+
+def boot(cp: ControlPlane, adaptive: bool, label: str) -> Worker:
+    env = engine_env.tiny_worker_env(
+        engine_env.TINY_MODEL,
+        MAX_MODEL_LEN="2048",
+        KV_CACHE_MEMORY_BYTES="4194304",
+        MAX_CONCURRENCY="30",
+        ADAPTIVE_CONCURRENCY="true" if adaptive else "false",
+        DRAIN_TIMEOUT="0",
+    )
+    proc = WorkerProcess(env, control_plane=cp, workdir=Path(tempfile.mkdtemp(prefix=f"bench-intake-{label}-"))).start()
+    proc.wait_for_log(r"engine ready; taking jobs", timeout=engine_env.BOOT_TIMEOUT)
+    return Worker(proc, int(env["VLLM_PORT"]), label)
+
+
+@dataclass
+class Run:
+    cp: ControlPlane
+    workers: list[Worker]
+    jobs: list[str] = field(default_factory=list)
+    samples: list[tuple[float, int, int, int]] = field(default_factory=list)  # (t, queued, taken-not-answered, running)
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    def sample_until_stopped(self) -> threading.Thread:
+        def loop() -> None:
+            while not self._stop.is_set():
+                at = time.monotonic()
+                timelines = [self.cp.timeline(j) for j in list(self.jobs)]
+                held = sum(1 for t in timelines if t["taken"] is not None and t["done"] is None)
+                engine = sum(int(metric(w.port, "vllm:num_requests_running")) for w in self.workers)
+                self.samples.append((at, self.cp.queued(), held, engine))
+                self._stop.wait(SAMPLE_S)
+
+        thread = threading.Thread(target=loop, daemon=True)
+        thread.start()
+        return thread
+
+    def stop_sampling(self, thread: threading.Thread) -> None:
+        self._stop.set()
+        thread.join()
+
+
+def burst(cp: ControlPlane, worker: Worker) -> dict[str, Any]:
+    run = Run(cp, [worker])
+    sampler = run.sample_until_stopped()
+    start = time.monotonic()
+    run.jobs += [cp.submit(job()) for _ in range(BURST)]
+    results = [cp.result(j, timeout=900) for j in run.jobs]
+    seconds = time.monotonic() - start
+    run.stop_sampling(sampler)
+    spare = [held - engine for _, queued, held, engine in run.samples if queued > 0]
+    completed = sum(1 for r in results if "error" not in r)
+    return {
+        "taken_not_running_p95": p95([float(s) for s in spare]),
+        "taken_not_running_max": max(spare) if spare else None,
+        "samples_while_queued": len(spare),
+        "completed": f"{completed}/{BURST}",
+        "seconds": round(seconds, 1),
+        "jobs_per_min": round(60 * completed / seconds, 1),
+    }
+
+
+def feed(cp: ControlPlane, workers: list[Worker], rate_per_min: float, seconds: float, drain_s: float = 240.0) -> dict[str, Any]:
+    run = Run(cp, workers)
+    before = {w.label: metric(w.port, "vllm:request_success_total") for w in workers}
+    sampler = run.sample_until_stopped()
+    start = time.monotonic()
+    gap = 60.0 / rate_per_min
+    n = 0
+    while time.monotonic() - start < seconds:
+        run.jobs.append(cp.submit(job()))
+        n += 1
+        time.sleep(max(0.0, start + n * gap - time.monotonic()))
+    end = time.monotonic()
+    run.stop_sampling(sampler)
+    timelines = [cp.timeline(j) for j in run.jobs]
+    waits = [(t["first_stream"] or end) - t["taken"] for t in timelines if t["taken"] is not None and t["taken"] <= end]
+    waits = [max(0.0, w) for w in waits]
+    # Completed per minute over the feed's second half: a job takes tens of seconds here, so the first
+    # half is mostly the engine filling up.
+    half = start + (end - start) / 2
+    done = sum(1 for t in timelines if t["done"] is not None and half <= t["done"] <= end)
+    split: dict[str, int] = {}
+    if len(workers) > 1:
+        # The split: once the jobs taken during the feed are answered (bounded), the requests each engine completed.
+        taken = [j for j, t in zip(run.jobs, timelines) if t["taken"] is not None]
+        for j in taken:
+            try:
+                cp.result(j, timeout=max(1.0, end + drain_s - time.monotonic()))
+            except TimeoutError:
+                break
+        split = {w.label: int(metric(w.port, "vllm:request_success_total") - before[w.label]) for w in workers}
+        split["taken"] = len(taken)
+    queue = [(round(at - start), queued) for at, queued, _, _ in run.samples]
+    every = max(1, len(queue) // 12)
+    return {
+        "submitted": len(run.jobs),
+        "first_token_wait_p95_s": round(p95(waits), 2),
+        "completed_per_min_second_half": round(60 * done / (end - half), 1),
+        "platform_queue_over_time": [f"{t}s:{q}" for t, q in queue[::every]],
+        "taken_not_running_p95": p95([float(h - e) for _, q, h, e in run.samples if q > 0]),
+        **({"split": split} if split else {}),
+    }
+
+
+def show(title: str, figures: dict[str, Any]) -> None:
+    print(f"\n== {title}", flush=True)
+    for key, value in figures.items():
+        print(f"  {key}: {value}", flush=True)
+
+
+def load_note() -> str:
+    with open("/proc/loadavg", encoding="utf-8") as f:
+        return f.read().split()[0]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--feed-seconds", type=float, default=120.0)
+    parser.add_argument("--skip-two", action="store_true", help="no two-worker phase")
+    parser.add_argument("--rate", type=float, help="jobs per minute to feed (default: twice the fixed burst's rate)")
+    parser.add_argument("--no-burst", action="store_true", help="feeds only (needs --rate)")
+    args = parser.parse_args()
+    if not engine_env.VLLM_BIN.exists():
+        print(f"{engine_env.VLLM_BIN} is missing: run `bash scripts/setup.sh`", file=sys.stderr)
+        return 2
+    print(f"machine load (1 min) at start: {load_note()}", flush=True)
+
+    # The fixed worker first: its burst keeps the engine as full as vLLM allows, so its rate is one
+    # engine's; the feeds run at twice that.
+    with ControlPlane() as cp:
+        fixed = boot(cp, adaptive=False, label="fixed")
+        try:
+            fixed_burst = {"taken_not_running_p95": None} if args.no_burst else burst(cp, fixed)
+            if not args.no_burst:
+                show("fixed MAX_CONCURRENCY=30: 40 jobs of 600 tokens at once", fixed_burst)
+            rate = args.rate or 2 * fixed_burst["jobs_per_min"]
+            fixed_feed = feed(cp, [fixed], rate, args.feed_seconds)
+            show(f"fixed MAX_CONCURRENCY=30: fed {rate:.1f} jobs/min for {args.feed_seconds:g} s", fixed_feed)
+        finally:
+            fixed.stop()
+    print(f"machine load (1 min): {load_note()}", flush=True)
+
+    with ControlPlane() as cp:
+        aware = boot(cp, adaptive=True, label="aware")
+        try:
+            aware_burst = {"taken_not_running_p95": None} if args.no_burst else burst(cp, aware)
+            if not args.no_burst:
+                show("capacity-aware: 40 jobs of 600 tokens at once", aware_burst)
+            aware_feed = feed(cp, [aware], rate, args.feed_seconds)
+            show(f"capacity-aware: fed {rate:.1f} jobs/min for {args.feed_seconds:g} s", aware_feed)
+        finally:
+            aware.stop()
+    print(f"machine load (1 min): {load_note()}", flush=True)
+
+    if not args.skip_two:
+        with ControlPlane() as cp:
+            pair = [boot(cp, adaptive=True, label="A"), boot(cp, adaptive=True, label="B")]
+            try:
+                two = feed(cp, pair, rate, args.feed_seconds)
+                show(f"two capacity-aware workers, one queue fed {rate:.1f} jobs/min", two)
+            finally:
+                for w in pair:
+                    w.stop()
+    print(f"machine load (1 min) at the end: {load_note()}", flush=True)
+
+    key = "completed_per_min_second_half"
+    ratio = aware_feed[key] / fixed_feed[key] if fixed_feed[key] else float("nan")
+    print(
+        f"\nfirst-token wait p95: capacity-aware {aware_feed['first_token_wait_p95_s']} s, fixed "
+        f"{fixed_feed['first_token_wait_p95_s']} s; completed/min ratio (aware/fixed) {ratio:.3f}; "
+        f"taken-not-running p95 in the burst: aware {aware_burst['taken_not_running_p95']}, fixed "
+        f"{fixed_burst['taken_not_running_p95']}",
+        flush=True,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

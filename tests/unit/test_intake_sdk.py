@@ -1,0 +1,158 @@
+"""The real runpod 1.12 job loop (JobScaler.get_jobs / run_jobs / set_scale) through a change of the job limit.
+
+The SDK's own set_scale waits until no job is in flight before it applies a new concurrency
+(runpod-python PR #457 removes that): pinned here, so the day the SDK drops the wait this test says
+the patch in serving.platform can go. The patched loop takes more jobs while jobs run, takes none
+above a lowered limit, and answers every job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+import runpod
+from runpod.serverless.modules import rp_scale
+from runpod.serverless.modules.worker_state import JobsProgress
+
+from vllm_worker.serving import platform
+
+# A bound on waiting for the loop to do something it must do; never a measured figure.
+PATIENCE_S = 10.0
+
+
+class Loop:
+    """One JobScaler with a job source that always has jobs and jobs that end when the test says."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.scaler = rp_scale.JobScaler({"handler": lambda job: None, "concurrency_modifier": lambda current: self.limit})
+        self.scaler.jobs_fetcher = self.fetch
+        self.scaler.jobs_handler = self.handle
+        self.taken: list[str] = []
+        self.asked: list[int] = []
+        self.running: dict[str, asyncio.Event] = {}
+        self.answered: list[str] = []
+        self.errors: list[BaseException] = []
+        self.changed = asyncio.Event()
+
+    async def fetch(self, session: Any, count: int) -> list[dict[str, Any]]:
+        self.asked.append(count)
+        jobs = [{"id": f"job-{len(self.taken) + i}", "input": {}} for i in range(count)]
+        self.taken += [job["id"] for job in jobs]
+        self.changed.set()
+        return jobs
+
+    async def handle(self, session: Any, config: dict[str, Any], job: dict[str, Any]) -> None:
+        release = self.running[job["id"]] = asyncio.Event()
+        self.changed.set()
+        await release.wait()
+        del self.running[job["id"]]
+        self.answered.append(job["id"])
+        self.changed.set()
+
+    async def until(self, condition: Any) -> None:
+        async def wait() -> None:
+            while not condition():
+                self.changed.clear()
+                await self.changed.wait()
+
+        await asyncio.wait_for(wait(), PATIENCE_S)
+
+    def release(self, count: int) -> None:
+        for job_id in list(self.running)[:count]:
+            self.running[job_id].set()
+
+    def in_flight(self) -> int:
+        return JobsProgress().get_job_count()
+
+
+@pytest.fixture
+def sdk_set_scale(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The SDK's own set_scale, restored after the test (the patch replaces it on the class)."""
+    monkeypatch.setattr(rp_scale.JobScaler, "set_scale", rp_scale.JobScaler.set_scale)
+    JobsProgress().clear()
+
+
+async def run_loop(loop: Loop, scenario: Any) -> None:
+    take = asyncio.create_task(loop.scaler.get_jobs(None))
+    work = asyncio.create_task(loop.scaler.run_jobs(None))
+
+    def failed(task: asyncio.Task[Any]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            loop.errors.append(task.exception())  # type: ignore[arg-type]
+
+    take.add_done_callback(failed)
+    work.add_done_callback(failed)
+    try:
+        await scenario()
+    finally:
+        loop.scaler.kill_worker()
+        loop.release(len(loop.running))
+        take.cancel()
+        await asyncio.wait_for(asyncio.gather(take, work, return_exceptions=True), PATIENCE_S)
+        JobsProgress().clear()
+
+
+def test_the_pinned_sdk_is_1_12() -> None:
+    assert runpod.__version__.startswith(platform.PATCHED_RUNPOD)
+
+
+def test_with_the_sdks_own_set_scale_a_limit_change_waits_for_the_worker_to_be_idle(sdk_set_scale: None) -> None:
+    loop = Loop(limit=2)
+
+    async def scenario() -> None:
+        await loop.until(lambda: len(loop.running) == 2)
+        loop.limit = 4
+        # The SDK's loop sleeps a second per turn while jobs are in flight: give it three.
+        await asyncio.sleep(3.0)
+        assert loop.taken == ["job-0", "job-1"]  # drained: nothing taken while two jobs run
+        loop.release(2)
+        await loop.until(lambda: len(loop.running) == 4)  # applied only once the worker was idle
+
+    asyncio.run(run_loop(loop, scenario))
+    assert not loop.errors
+
+
+def test_with_the_patch_a_limit_change_applies_while_jobs_run_and_every_job_is_answered(sdk_set_scale: None) -> None:
+    assert platform.patch_set_scale()
+    loop = Loop(limit=2)
+
+    async def scenario() -> None:
+        await loop.until(lambda: len(loop.running) == 2)
+        loop.limit = 4  # up, with two jobs in flight: two more are taken and run beside them
+        await loop.until(lambda: len(loop.running) == 4)
+        assert loop.answered == []
+        loop.limit = 1  # down, with four in flight: nothing more is taken until fewer than one are held
+        loop.release(3)
+        await loop.until(lambda: len(loop.answered) == 3)
+        assert len(loop.taken) == 4 and loop.in_flight() == 1
+        loop.release(1)
+        await loop.until(lambda: len(loop.answered) == 4 and len(loop.running) == 1)  # the next one taken
+        assert len(loop.taken) == 5
+        loop.limit = 3
+        await loop.until(lambda: len(loop.running) == 3)
+        loop.release(3)
+        await loop.until(lambda: len(loop.answered) == 7)
+
+    asyncio.run(run_loop(loop, scenario))
+    assert not loop.errors  # no task_done() on a queue the job was not taken from
+    assert all(count >= 1 for count in loop.asked)
+    assert set(loop.answered) <= set(loop.taken)
+
+
+def test_the_modifier_is_the_intakes_limit_or_the_fixed_one(sdk_set_scale: None) -> None:
+    class Gate:
+        adaptive = True
+        value = 3
+        held: Any = None
+
+    gate = Gate()
+    modifier = platform.concurrency_modifier(gate, 30)
+    assert modifier(1) == 3
+    gate.value = 5
+    assert modifier(3) == 5 and gate.held is platform.held_jobs and gate.held() == 0
+    gate.adaptive = False
+    assert platform.concurrency_modifier(gate, 30)(5) == 30
+    assert platform.concurrency_modifier(None, 30)(5) == 30
