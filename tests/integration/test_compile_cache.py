@@ -115,12 +115,13 @@ class Planned(Exception):
 @pytest.mark.parametrize("marked", [True, False])
 def test_the_warm_mark_reaches_the_capacity_plan(volume: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, marked: bool) -> None:
     from vllm_worker import main
-    from vllm_worker.config import args_builder, settings as settings_mod
+    from vllm_worker.config import command, settings as settings_mod
+    from vllm_worker.config.profile import LaunchProfile
     from vllm_worker.engine.launcher import Supervisor
 
     env = {"MODEL_NAME": "org/model", "HF_HUB_OFFLINE": "1", "BASE_PATH": str(volume), "HOME": str(tmp_path / "home")}
     settings = settings_mod.load(env)
-    argv = args_builder.build_args(env, settings).argv
+    argv = command.build_args(LaunchProfile.parse(env), settings).argv
     if marked:
         compile_cache.record_ready(compile_cache.prepare(str(volume), env, argv), argv, "cold")
     seen: list[str] = []

@@ -7,7 +7,7 @@ typed field ("0 means unset", "true/1/yes/on", "8k", "a flag in VLLM_EXTRA_ARGS 
 here), and keeps the first value it cannot use as `refusal`, the one sentence every job is
 answered with. The pre-flight and the model cache, the capacity plan, the memory wait, the
 ladder, the messages of `diagnosis` and the restarts of `monitor` read these fields;
-`args_builder.build_args` renders the profile into `vllm serve`'s argv. A message that quotes
+`command.build_args` renders the profile into `vllm serve`'s argv. A message that quotes
 what the user wrote reads `written(NAME)`, never to decide on it (tests/unit/test_structure.py).
 """
 
