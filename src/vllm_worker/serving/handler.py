@@ -72,6 +72,7 @@ def interrupt_running(state: WorkerState, sentence: str) -> int:
     whose client went away), and a request that fails that way reads `sentence` from the state,
     as it reads a death's. The connections in use are the connector's; aiohttp has no public list.
     """
+    state.stop_cut = sentence
     state.record_death(sentence)
     session = _session
     connector = session.connector if session is not None else None
@@ -628,7 +629,7 @@ async def handler(job: dict[str, Any]) -> AsyncGenerator[Any, None]:
                     retried = True
                     continue
                 failure = death
-                if continuable and body is not None:
+                if continuable and body is not None and death != state.stop_cut:
                     reason = continuation.why_not(
                         state.stopping is not None, bool(state.fatal), resent, time.monotonic() - began,
                         state.request_timeout, request.stream, refused, ledger,

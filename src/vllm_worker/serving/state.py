@@ -49,6 +49,8 @@ class WorkerState:
     context_length: tuple[int, int] | None = None
     # Set when the platform stops the worker: what a job that cannot run any more is told.
     stopping: str | None = None
+    # The sentence the drain's cut ended running jobs with: no engine died, so nothing is to continue.
+    stop_cut: str | None = None
     # Reads vLLM's /metrics beside the job loop; the status job shows its figures.
     load_watch: engine_load.LoadWatch | None = None
     # Jobs the handler continued on a relaunched engine, and those answered instead, by reason
