@@ -25,8 +25,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import urllib.error
-import urllib.request
 from typing import Any, Callable, Sequence
 
 from vllm_worker.config import settings as settings_mod
@@ -35,30 +33,13 @@ from vllm_worker.diagnosis.runtime import hang_diagnosis, restarting_sentence
 from vllm_worker.diagnosis.verdict import Failure
 from vllm_worker.engine import ladder
 from vllm_worker.engine.launcher import Launcher, MemoryWait, Supervisor, WorkerStopping
-from vllm_worker.engine.process import Engine, health_url
+from vllm_worker.engine.process import HEALTH_REQUEST_TIMEOUT, Engine, health_status, health_url
 from vllm_worker.serving.state import WorkerState
 
 log = logging.getLogger("vllm_worker")
 
 HEALTH_POLL_S = 1.0
-# Only a 503 means dead; a /health slower than this is one unanswered probe, counted towards a hang.
-HEALTH_TIMEOUT_S = 2.0
 LOGGED_TAIL_LINES = 60
-
-# Loopback checks must never go through an HTTP(S)_PROXY from the environment.
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
-
-def health_status(url: str, timeout: float) -> int | None:
-    """The status vLLM's /health answers with (200, or 503 once its engine core is dead); None if none."""
-    try:
-        with _OPENER.open(url, timeout=timeout) as response:
-            return int(response.status)
-    except urllib.error.HTTPError as error:
-        error.close()
-        return int(error.code)
-    except (urllib.error.URLError, OSError, ValueError):
-        return None
 
 
 def budget_sentence(message: str, deaths_in_window: int) -> str:
@@ -142,7 +123,7 @@ class EngineMonitor:
                 return "exited"
             if self.supervisor.stopping or engine.stopping:
                 return None
-            status = health_status(url, HEALTH_TIMEOUT_S)
+            status = health_status(url, HEALTH_REQUEST_TIMEOUT)
             now = self.clock()
             if status is not None:
                 last_answer = now

@@ -35,6 +35,8 @@ log = logging.getLogger(__name__)
 ReadyState = Literal["ready", "exited", "timeout"]
 
 HEALTH_POLL_INTERVAL = 0.2
+# Only a 503 means dead; a /health slower than this is one unanswered probe (the monitor counts those
+# towards a hang).
 HEALTH_REQUEST_TIMEOUT = 2.0
 # After the process is gone, how long to let the reader drain what the pipe still holds.
 DRAIN_TIMEOUT = 2.0
@@ -68,6 +70,22 @@ def command_problem(argv: list[str], env: Mapping[str, str]) -> str | None:
     if shutil.which(program, path=env.get("PATH", os.defpath)) is None:
         return f"{program!r} was not found on the PATH"
     return None
+
+
+def health_status(url: str, timeout: float) -> int | None:
+    """The status vLLM's /health answers with (200, or 503 once its engine core is dead); None if none.
+
+    The one probe of the engine: `Engine.wait_ready` waits for its 200, the monitor for its 503 or
+    its silence.
+    """
+    try:
+        with _OPENER.open(url, timeout=timeout) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as error:
+        error.close()
+        return int(error.code)
+    except (urllib.error.URLError, OSError, ValueError):
+        return None
 
 
 def health_url(host: str, port: int) -> str:
@@ -155,7 +173,7 @@ class Engine:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return "timeout"
-            if self._healthy(url, min(HEALTH_REQUEST_TIMEOUT, remaining)):
+            if health_status(url, min(HEALTH_REQUEST_TIMEOUT, remaining)) == 200:
                 # A 200 from some other server on our port is not our engine being ready.
                 if proc.poll() is not None:
                     self._drain()
@@ -168,7 +186,7 @@ class Engine:
 
     def healthy(self, timeout: float = HEALTH_REQUEST_TIMEOUT) -> bool:
         """One /health probe: True when the server answers 200."""
-        return self._healthy(health_url(self.host, self.port), timeout)
+        return health_status(health_url(self.host, self.port), timeout) == 200
 
     def stop(self, grace: float) -> int | None:
         """SIGTERM the whole group, SIGKILL it after `grace` seconds, reap. Idempotent.
@@ -309,14 +327,6 @@ class Engine:
         # Processes the engine spawned can hold the pipe open after it exits; don't wait on them forever.
         if self._reader is not None and self._reader is not threading.current_thread():
             self._reader.join(DRAIN_TIMEOUT)
-
-    @staticmethod
-    def _healthy(url: str, timeout: float) -> bool:
-        try:
-            with _OPENER.open(url, timeout=timeout) as response:
-                return response.status == 200
-        except (urllib.error.URLError, OSError, ValueError):
-            return False
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> None:

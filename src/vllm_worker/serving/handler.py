@@ -94,10 +94,6 @@ def configure(state: WorkerState) -> None:
     _state = state
 
 
-def get_state() -> WorkerState | None:
-    return _state
-
-
 def worker_notice(profile: dict[str, Any]) -> dict[str, Any]:
     """The object added as "worker" to JSON bodies (and sent as an SSE comment) in degraded mode."""
     return {"degraded": True, "profile": profile}

@@ -62,10 +62,6 @@ class WorkerState:
         """The engine answers: jobs go through (thread-safe; main's supervisor may call it)."""
         self.ready.set()
 
-    def mark_not_ready(self) -> None:
-        """The engine is being (re)started: new jobs wait up to ready_timeout."""
-        self.ready.clear()
-
     def record_death(self, sentence: str) -> None:
         """The serving engine died: jobs that were running end with `sentence`, new ones wait."""
         self.ready.clear()
