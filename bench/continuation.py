@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import signal
 import sys
 import threading
 import time
@@ -32,11 +31,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "src")]
 
-import psutil  # noqa: E402
 
 from tests.support import engine_env  # noqa: E402
 from tests.support.control_plane import ControlPlane  # noqa: E402
-from tests.support.worker_proc import WorkerProcess, running  # noqa: E402
+from tests.support.worker_proc import WorkerProcess, engine_leader, kill_engine_group  # noqa: E402
 
 
 def generated(port: int) -> float:
@@ -46,14 +44,7 @@ def generated(port: int) -> float:
 
 
 def kill_engine(worker: WorkerProcess) -> None:
-    [leader] = [p for p in psutil.Process(worker.pid).children() if running(p) and "serve" in p.cmdline()]
-    members = [leader, *leader.children(recursive=True)]
-    os.killpg(leader.pid, signal.SIGKILL)
-    for proc in members:
-        try:
-            proc.send_signal(signal.SIGKILL)
-        except psutil.NoSuchProcess:
-            pass
+    kill_engine_group(engine_leader(worker.pid))
 
 
 def main() -> None:

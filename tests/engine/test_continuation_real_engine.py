@@ -25,12 +25,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 
 from tests.support import engine_env
 from tests.support.control_plane import ControlPlane
-from tests.support.worker_proc import WorkerProcess, running
+from tests.support.worker_proc import WorkerProcess, engine_leader, kill_engine_group
 
 pytestmark = pytest.mark.engine
 
@@ -62,11 +61,6 @@ def metric(port: int, name: str) -> float:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
         text = response.read().decode()
     return sum(float(v) for v in re.findall(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", text, re.M))
-
-
-def engine_leader(worker: WorkerProcess) -> psutil.Process:
-    [leader] = [p for p in psutil.Process(worker.pid).children() if running(p) and "serve" in p.cmdline()]
-    return leader
 
 
 def events(cp: ControlPlane, job: str) -> tuple[list[dict[str, Any]], list[str]]:
@@ -168,14 +162,7 @@ def test_four_jobs_in_flight_when_the_engine_is_killed_complete_whole(serving: A
     cp, worker, port, base = serving
 
     def kill() -> None:
-        leader = engine_leader(worker)
-        members = [leader, *leader.children(recursive=True)]
-        os.killpg(leader.pid, signal.SIGKILL)
-        for proc in members:
-            try:
-                proc.send_signal(signal.SIGKILL)
-            except psutil.NoSuchProcess:
-                pass
+        kill_engine_group(engine_leader(worker.pid))
 
     results = run_round(cp, port, kill, extra={"seeded": SEEDED})
     report("SIGKILL of the engine's process group", results, base)
@@ -193,7 +180,7 @@ def test_four_jobs_in_flight_when_the_engine_hangs_complete_whole(serving: Any) 
     cp, worker, port, base = serving
 
     def hang() -> None:
-        os.killpg(engine_leader(worker).pid, signal.SIGSTOP)
+        os.killpg(engine_leader(worker.pid).pid, signal.SIGSTOP)
 
     results = run_round(cp, port, hang)
     report(f"a hang (SIGSTOP, ENGINE_HANG_TIMEOUT={HANG_TIMEOUT})", results, base)

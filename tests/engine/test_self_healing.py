@@ -22,7 +22,6 @@ helper holds only what the check needs, for a bounded time, released in `finally
 from __future__ import annotations
 
 import math
-import os
 import signal
 import subprocess
 import sys
@@ -38,7 +37,7 @@ import pytest
 
 from tests.support import engine_env
 from tests.support.control_plane import ControlPlane
-from tests.support.worker_proc import WorkerProcess, running
+from tests.support.worker_proc import WorkerProcess, engine_leader, kill_engine_group, running
 from vllm_worker.config.profile import LaunchProfile
 from vllm_worker.diagnosis import runtime
 from vllm_worker.diagnosis.verdict import Failure
@@ -87,27 +86,9 @@ def base_env(model: Path, port: int) -> dict[str, str]:
     }
 
 
-def engine_leader(worker: WorkerProcess) -> psutil.Process:
-    """The `vllm serve` process the worker started (it leads the engine's process group)."""
-    [leader] = [p for p in psutil.Process(worker.pid).children() if running(p) and "serve" in p.cmdline()]
-    return leader
-
-
 def engine_core(leader: psutil.Process) -> psutil.Process:
     [core] = [p for p in leader.children(recursive=True) if "EngineCore" in " ".join(p.cmdline()) + p.name()]
     return core
-
-
-def kill_group(leader: psutil.Process) -> list[psutil.Process]:
-    """kill -9 of the engine's process group, and of any descendant that left it."""
-    members = [leader, *leader.children(recursive=True)]
-    os.killpg(leader.pid, signal.SIGKILL)
-    for proc in members:
-        try:
-            proc.send_signal(signal.SIGKILL)
-        except psutil.NoSuchProcess:
-            pass
-    return members
 
 
 def run(cp: ControlPlane, job_input: Any) -> dict[str, Any]:
@@ -150,7 +131,7 @@ def serving(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
 def kill_during_stream(serving: Serving, kill: Any) -> tuple[dict[str, Any], float, psutil.Process]:
     """Start the long stream, kill once its first chunk arrived; the job's answer and how long it took."""
     cp = serving.cp
-    leader = engine_leader(serving.worker)
+    leader = engine_leader(serving.worker.pid)
     job = cp.submit(LONG_STREAM)
     cp.wait_for_stream_chunks(job, 1, timeout=JOB_TIMEOUT)
     kill(leader)
@@ -163,10 +144,10 @@ def test_kill_9_of_the_engine_during_a_stream_ends_that_job_and_the_relaunch_ser
     serving: Serving,
 ) -> None:
     cp = serving.cp
-    before = engine_leader(serving.worker).cmdline()
+    before = engine_leader(serving.worker.pid).cmdline()
     earlier = status(cp)  # what the shared worker went through before this test, whichever ran first
 
-    result, seconds, leader = kill_during_stream(serving, kill_group)
+    result, seconds, leader = kill_during_stream(serving, kill_engine_group)
     print(f"the streaming job ended {seconds:.2f} s after kill -9")
     # Sent at once: it arrives while the engine is restarting, and waits for it.
     after = run(cp, SHORT)
@@ -180,7 +161,7 @@ def test_kill_9_of_the_engine_during_a_stream_ends_that_job_and_the_relaunch_ser
 
     assert len(served_text(after)) > 0
     # The relaunch is the same configuration: the same command line.
-    assert engine_leader(serving.worker).cmdline() == before
+    assert engine_leader(serving.worker.pid).cmdline() == before
 
     assert report["ready"] is True and report["fatal"] is None
     assert report["restarts"] == earlier["restarts"] + 1

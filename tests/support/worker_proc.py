@@ -197,6 +197,24 @@ def engine_processes(worker_pid: int) -> list[psutil.Process]:
     return psutil.Process(worker_pid).children(recursive=True)
 
 
+def engine_leader(worker_pid: int) -> psutil.Process:
+    """The `vllm serve` process the worker started (it leads the engine's process group)."""
+    [leader] = [p for p in psutil.Process(worker_pid).children() if running(p) and "serve" in p.cmdline()]
+    return leader
+
+
+def kill_engine_group(leader: psutil.Process) -> list[psutil.Process]:
+    """kill -9 of the engine's process group, and of any descendant that left it; returns them all."""
+    members = [leader, *leader.children(recursive=True)]
+    os.killpg(leader.pid, signal.SIGKILL)
+    for proc in members:
+        try:
+            proc.send_signal(signal.SIGKILL)
+        except psutil.NoSuchProcess:
+            pass
+    return members
+
+
 def running(proc: psutil.Process) -> bool:
     """True while the process exists and is not a zombie."""
     try:
