@@ -15,7 +15,9 @@ control-plane stand-in (tests/support/control_plane.py). In one run:
    workers sharing one queue (the split: requests each engine completed of the jobs taken).
 
     flock /tmp/vllm-engine.lock .venv/bin/python bench/intake.py [--feed-seconds 120] [--skip-two]
-        [--rate JOBS_PER_MIN --no-burst]
+        [--rate JOBS_PER_MIN --no-burst] [--skip-fixed]
+
+Each worker's log is left in $TMPDIR/bench-intake-LABEL.log (its limit changes: "taking up to").
 
 Prints the figures and the ratios; asserts nothing (a bench, not a test).
 """
@@ -76,6 +78,7 @@ class Worker:
     label: str
 
     def stop(self) -> None:
+        Path(tempfile.gettempdir(), f"bench-intake-{self.label}.log").write_text(self.proc.log())
         leftovers = engine_processes(self.proc.pid) if self.proc.returncode is None else []
         self.proc.stop(timeout=60)
         for proc in leftovers:
@@ -182,6 +185,7 @@ def feed(cp: ControlPlane, workers: list[Worker], rate_per_min: float, seconds: 
         "first_token_wait_p95_s": round(p95(waits), 2),
         "completed_per_min_second_half": round(60 * done / (end - half), 1),
         "platform_queue_over_time": [f"{t}s:{q}" for t, q in queue[::every]],
+        "engine_running_over_time": [f"{round(at - start)}s:{e}" for at, _, _, e in run.samples[::every]],
         "taken_not_running_p95": p95([float(h - e) for _, q, h, e in run.samples if q > 0]),
         **({"split": split} if split else {}),
     }
@@ -204,6 +208,7 @@ def main() -> int:
     parser.add_argument("--skip-two", action="store_true", help="no two-worker phase")
     parser.add_argument("--rate", type=float, help="jobs per minute to feed (default: twice the fixed burst's rate)")
     parser.add_argument("--no-burst", action="store_true", help="feeds only (needs --rate)")
+    parser.add_argument("--skip-fixed", action="store_true", help="no fixed worker (needs --rate; no ratio)")
     args = parser.parse_args()
     if not engine_env.VLLM_BIN.exists():
         print(f"{engine_env.VLLM_BIN} is missing: run `bash scripts/setup.sh`", file=sys.stderr)
@@ -212,17 +217,22 @@ def main() -> int:
 
     # The fixed worker first: its burst keeps the engine as full as vLLM allows, so its rate is one
     # engine's; the feeds run at twice that.
+    fixed_burst: dict[str, Any] = {"taken_not_running_p95": None}
+    fixed_feed: dict[str, Any] = {"completed_per_min_second_half": 0, "first_token_wait_p95_s": None}
+    rate = args.rate
     with ControlPlane() as cp:
-        fixed = boot(cp, adaptive=False, label="fixed")
+        fixed = None if args.skip_fixed else boot(cp, adaptive=False, label="fixed")
         try:
-            fixed_burst = {"taken_not_running_p95": None} if args.no_burst else burst(cp, fixed)
-            if not args.no_burst:
-                show("fixed MAX_CONCURRENCY=30: 40 jobs of 600 tokens at once", fixed_burst)
-            rate = args.rate or 2 * fixed_burst["jobs_per_min"]
-            fixed_feed = feed(cp, [fixed], rate, args.feed_seconds)
-            show(f"fixed MAX_CONCURRENCY=30: fed {rate:.1f} jobs/min for {args.feed_seconds:g} s", fixed_feed)
+            if fixed is not None:
+                if not args.no_burst:
+                    fixed_burst = burst(cp, fixed)
+                    show("fixed MAX_CONCURRENCY=30: 40 jobs of 600 tokens at once", fixed_burst)
+                rate = args.rate or 2 * fixed_burst["jobs_per_min"]
+                fixed_feed = feed(cp, [fixed], rate, args.feed_seconds)
+                show(f"fixed MAX_CONCURRENCY=30: fed {rate:.1f} jobs/min for {args.feed_seconds:g} s", fixed_feed)
         finally:
-            fixed.stop()
+            if fixed is not None:
+                fixed.stop()
     print(f"machine load (1 min): {load_note()}", flush=True)
 
     with ControlPlane() as cp:
