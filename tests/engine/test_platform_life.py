@@ -159,10 +159,12 @@ def test_a_burst_that_preempts_is_shown_by_the_status_job_and_warned_about(worke
     assert (after["running"], after["waiting"]) == (0, 0)
     assert after["generation_tokens_per_s"] is not None and after["generation_tokens_per_s"] >= 0
     assert set(after) >= {"kv_cache_usage", "prompt_tokens_per_s", "prefix_cache_hit_rate", "over_seconds"}
-    warning = worker.proc.wait_for_log(r"The engine is short of KV cache: .*", timeout=3 * LOAD_POLL_S).group(0)
+    # The cache may stay full with requests waiting (warned) before the first preemption; the
+    # preemptions are then warned about at the next read, not WARN_EVERY_S later (CI saw the first).
+    preempted = r"The engine is short of KV cache: \d+ requests? (?:was|were) preempted.*"
+    warning = worker.proc.wait_for_log(preempted, timeout=3 * LOAD_POLL_S).group(0)
     for name in ("MAX_NUM_SEQS", "MAX_CONCURRENCY", "MAX_MODEL_LEN", "KV_CACHE_DTYPE", "TENSOR_PARALLEL_SIZE"):
         assert name in warning
-    assert re.search(r"\d+ requests? (?:was|were) preempted", warning), warning
 
 
 def test_sigterm_lets_two_running_jobs_finish_and_takes_no_new_job(worker: Worker) -> None:

@@ -118,3 +118,17 @@ def test_preemptions_before_the_first_read_of_an_engine_are_counted_since_it_sta
     warning = engine_load.advice(None, first, LaunchProfile.parse({}), 30)
     assert warning is not None and "6 requests were preempted since the engine started" in warning
     assert engine_load.advice(None, engine_load.parse(metrics(0, 0, 0.1, 0), at=3.0), LaunchProfile.parse({}), 30) is None
+
+
+def test_preemptions_after_a_full_cache_warning_are_warned_about_at_once(caplog: pytest.LogCaptureFixture) -> None:
+    """CI saw it: the cache stayed full with requests waiting (warned), then requests were preempted
+    seconds later; the user must read the worse news without waiting WARN_EVERY_S."""
+    watch = engine_load.LoadWatch("127.0.0.1", 1, lambda: LaunchProfile.parse({}), 30)
+    caplog.set_level(logging.WARNING, logger="vllm_worker")
+    # full, full (warned: stays full), preempted 3 (warned at once), preempted 4 more (within the interval)
+    reads = [engine_load.parse(metrics(3, 5, 0.97, n), at=10.0 * i) for i, n in enumerate([0, 0, 3, 7])]
+    warnings = [watch.observe(sample) for sample in reads if sample is not None]
+    assert [w is not None for w in warnings] == [False, True, True, False]
+    assert warnings[1] is not None and "stayed full for 10 s" in warnings[1]
+    assert warnings[2] is not None and "3 requests were preempted in the last 10 s" in warnings[2]
+    assert len(caplog.records) == 2

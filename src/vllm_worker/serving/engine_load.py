@@ -186,11 +186,17 @@ def engine_now(current: Sample | None, previous: Sample | None) -> intake.Engine
     )
 
 
+def _preempted(previous: Sample | None, current: Sample) -> int:
+    """Preemptions since `previous`, or since the engine started when it is not a read of this engine."""
+    base = previous if _same_engine(previous, current) else None
+    return current.preemptions - (base.preemptions if base is not None else 0)
+
+
 def advice(previous: Sample | None, current: Sample, profile: LaunchProfile, max_concurrency: int) -> str | None:
     """The warning when requests were preempted since `previous` (since the engine started when there
     is no earlier read of it), or the KV cache stayed full with requests waiting; None when it copes."""
     base = previous if _same_engine(previous, current) else None
-    preempted = current.preemptions - (base.preemptions if base is not None else 0)
+    preempted = _preempted(previous, current)
     full = (
         base is not None
         and current.kv_cache_usage >= KV_FULL
@@ -240,7 +246,8 @@ def read(url: str, timeout: float = READ_TIMEOUT_S, clock: Callable[[], float] =
 
 class LoadWatch:
     """Reads /metrics every `interval` seconds beside the job loop; keeps the last read for the status
-    job's rates and warns in the log when the engine is short of KV cache (at most every WARN_EVERY_S)."""
+    job's rates and warns in the log when the engine is short of KV cache (at most every WARN_EVERY_S,
+    except that the first preemptions after a full-cache warning are warned about at once)."""
 
     def __init__(
         self,
@@ -263,6 +270,7 @@ class LoadWatch:
         self.clock = clock
         self.last: Sample | None = None
         self._warned_at: float | None = None
+        self._warned_preempted = False  # whether the last warning named preemptions
         self._since_warning: Sample | None = None
         self._stop = threading.Event()
         self.thread: threading.Thread | None = None
@@ -301,9 +309,13 @@ class LoadWatch:
         warning = advice(baseline, sample, self.profile(), self.max_concurrency)
         if warning is None:
             return None
-        if self._warned_at is not None and sample.at - self._warned_at < WARN_EVERY_S:
+        preempted = _preempted(baseline, sample) > 0
+        # A full cache warned about first does not hide the preemptions that follow it: those are worse.
+        escalates = preempted and not self._warned_preempted
+        if self._warned_at is not None and sample.at - self._warned_at < WARN_EVERY_S and not escalates:
             return None
         self._warned_at = sample.at
+        self._warned_preempted = preempted
         self._since_warning = sample
         log.warning("%s", warning)
         return warning
