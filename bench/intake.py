@@ -64,6 +64,10 @@ def metric(port: int, name: str) -> float:
     return sum(float(v) for v in re.findall(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", text, re.M))
 
 
+def generated(workers: list["Worker"]) -> float:
+    return sum(metric(w.port, "vllm:generation_tokens_total") for w in workers)
+
+
 def p95(values: list[float]) -> float:
     if not values:
         return float("nan")
@@ -154,11 +158,16 @@ def feed(cp: ControlPlane, workers: list[Worker], rate_per_min: float, seconds: 
     start = time.monotonic()
     gap = 60.0 / rate_per_min
     n = 0
+    tokens_at_half: float | None = None
     while time.monotonic() - start < seconds:
         run.jobs.append(cp.submit(job()))
         n += 1
+        if tokens_at_half is None and time.monotonic() - start >= seconds / 2:
+            tokens_at_half = generated(workers)
+            half_read = time.monotonic()
         time.sleep(max(0.0, start + n * gap - time.monotonic()))
     end = time.monotonic()
+    tokens_per_s = (generated(workers) - tokens_at_half) / (end - half_read) if tokens_at_half is not None else float("nan")
     run.stop_sampling(sampler)
     timelines = [cp.timeline(j) for j in run.jobs]
     waits = [(t["first_stream"] or end) - t["taken"] for t in timelines if t["taken"] is not None and t["taken"] <= end]
@@ -184,6 +193,8 @@ def feed(cp: ControlPlane, workers: list[Worker], rate_per_min: float, seconds: 
         "submitted": len(run.jobs),
         "first_token_wait_p95_s": round(p95(waits), 2),
         "completed_per_min_second_half": round(60 * done / (end - half), 1),
+        # Completions come in lumps (requests started together end together); the tokens are smooth.
+        "generated_tokens_per_s_second_half": round(tokens_per_s, 1),
         "platform_queue_over_time": [f"{t}s:{q}" for t, q in queue[::every]],
         "engine_running_over_time": [f"{round(at - start)}s:{e}" for at, _, _, e in run.samples[::every]],
         "taken_not_running_p95": p95([float(h - e) for _, q, h, e in run.samples if q > 0]),
@@ -260,9 +271,12 @@ def main() -> int:
 
     key = "completed_per_min_second_half"
     ratio = aware_feed[key] / fixed_feed[key] if fixed_feed[key] else float("nan")
+    tokens = "generated_tokens_per_s_second_half"
+    token_ratio = aware_feed[tokens] / fixed_feed[tokens] if fixed_feed.get(tokens) else float("nan")
     print(
         f"\nfirst-token wait p95: capacity-aware {aware_feed['first_token_wait_p95_s']} s, fixed "
-        f"{fixed_feed['first_token_wait_p95_s']} s; completed/min ratio (aware/fixed) {ratio:.3f}; "
+        f"{fixed_feed['first_token_wait_p95_s']} s; completed/min ratio (aware/fixed) {ratio:.3f}, "
+        f"generated tokens/s ratio {token_ratio:.3f}; "
         f"taken-not-running p95 in the burst: aware {aware_burst['taken_not_running_p95']}, fixed "
         f"{fixed_burst['taken_not_running_p95']}",
         flush=True,
