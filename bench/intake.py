@@ -46,6 +46,7 @@ from tests.support.worker_proc import WorkerProcess, engine_processes, running  
 TOKENS = 600
 BURST = 40
 SAMPLE_S = 0.25
+ON_THE_WAY_S = 1.0  # as tests/engine/test_intake_real_engine.py
 PROMPT = "hello " * 20
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
@@ -104,12 +105,23 @@ def boot(cp: ControlPlane, adaptive: bool, label: str) -> Worker:
     return Worker(proc, int(env["VLLM_PORT"]), label)
 
 
+@dataclass(frozen=True)
+class Sample:
+    at: float
+    queued: int  # jobs the platform still queues
+    held: int  # jobs taken and not answered
+    running: int  # requests vLLM runs
+    waiting: int  # requests waiting in vLLM
+    unstarted: int  # jobs taken with no token streamed yet
+    arriving: int  # of those, taken less than ON_THE_WAY_S ago: on their way into the engine
+
+
 @dataclass
 class Run:
     cp: ControlPlane
     workers: list[Worker]
     jobs: list[str] = field(default_factory=list)
-    samples: list[tuple[float, int, int, int]] = field(default_factory=list)  # (t, queued, taken-not-answered, running)
+    samples: list[Sample] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
 
     def sample_until_stopped(self) -> threading.Thread:
@@ -118,8 +130,11 @@ class Run:
                 at = time.monotonic()
                 timelines = [self.cp.timeline(j) for j in list(self.jobs)]
                 held = sum(1 for t in timelines if t["taken"] is not None and t["done"] is None)
+                unstarted = [t for t in timelines if t["taken"] is not None and t["done"] is None and t["first_stream"] is None]
+                arriving = sum(1 for t in unstarted if at - (t["taken"] or at) < ON_THE_WAY_S)
                 engine = sum(int(metric(w.port, "vllm:num_requests_running")) for w in self.workers)
-                self.samples.append((at, self.cp.queued(), held, engine))
+                waiting = sum(int(metric(w.port, "vllm:num_requests_waiting")) for w in self.workers)
+                self.samples.append(Sample(at, self.cp.queued(), held, engine, waiting, len(unstarted), arriving))
                 self._stop.wait(SAMPLE_S)
 
         thread = threading.Thread(target=loop, daemon=True)
@@ -139,11 +154,20 @@ def burst(cp: ControlPlane, worker: Worker) -> dict[str, Any]:
     results = [cp.result(j, timeout=900) for j in run.jobs]
     seconds = time.monotonic() - start
     run.stop_sampling(sampler)
-    spare = [held - engine for _, queued, held, engine in run.samples if queued > 0]
+    queued_samples = [s for s in run.samples if s.queued > 0]
+    spare = [s.held - s.running for s in queued_samples]
     completed = sum(1 for r in results if "error" not in r)
     return {
         "taken_not_running_p95": p95([float(s) for s in spare]),
         "taken_not_running_max": max(spare) if spare else None,
+        # Where those are: in vLLM's waiting queue, or not in vLLM at all (on their way in, or ended
+        # in vLLM and their result not yet posted).
+        "of_them_waiting_in_vllm_p95": p95([float(s.waiting) for s in queued_samples]),
+        "of_them_not_in_vllm_p95": p95([float(s.held - s.running - s.waiting) for s in queued_samples]),
+        "of_them_before_their_first_token_p95": p95([float(s.unstarted) for s in queued_samples]),
+        "of_them_streamed_and_not_answered_p95": p95([float(s.held - s.unstarted - s.running) for s in queued_samples]),
+        # As tests/engine/test_intake_real_engine.py asserts it: less the jobs on their way in.
+        "less_those_on_their_way_in_p95": p95([float(s.held - s.arriving - s.running) for s in queued_samples]),
         "samples_while_queued": len(spare),
         "completed": f"{completed}/{BURST}",
         "seconds": round(seconds, 1),
@@ -187,7 +211,7 @@ def feed(cp: ControlPlane, workers: list[Worker], rate_per_min: float, seconds: 
                 break
         split = {w.label: int(metric(w.port, "vllm:request_success_total") - before[w.label]) for w in workers}
         split["taken"] = len(taken)
-    queue = [(round(at - start), queued) for at, queued, _, _ in run.samples]
+    queue = [(round(s.at - start), s.queued) for s in run.samples]
     every = max(1, len(queue) // 12)
     return {
         "submitted": len(run.jobs),
@@ -196,8 +220,9 @@ def feed(cp: ControlPlane, workers: list[Worker], rate_per_min: float, seconds: 
         # Completions come in lumps (requests started together end together); the tokens are smooth.
         "generated_tokens_per_s_second_half": round(tokens_per_s, 1),
         "platform_queue_over_time": [f"{t}s:{q}" for t, q in queue[::every]],
-        "engine_running_over_time": [f"{round(at - start)}s:{e}" for at, _, _, e in run.samples[::every]],
-        "taken_not_running_p95": p95([float(h - e) for _, q, h, e in run.samples if q > 0]),
+        "engine_running_over_time": [f"{round(s.at - start)}s:{s.running}" for s in run.samples[::every]],
+        "taken_not_running_p95": p95([float(s.held - s.running) for s in run.samples if s.queued > 0]),
+        "less_those_on_their_way_in_p95": p95([float(s.held - s.arriving - s.running) for s in run.samples if s.queued > 0]),
         **({"split": split} if split else {}),
     }
 
