@@ -59,8 +59,13 @@ def test_a_full_engine_never_raises_the_limit(b: Bounds, sequence: list) -> None
         full = now is not None and (now.preempted > 0 or now.waiting > 0)
         if full:
             assert limit.value <= previous.value
-            if now.preempted > 0 or waited:
-                # At once down to what the engine runs (+1 spare), unless it was already lower.
+            if now.preempted > 0:
+                # At once at least one fewer, at most the preempted count fewer, never below what runs.
+                assert limit.value <= max(1, previous.value - 1)
+                assert previous.value - limit.value <= max(1, now.preempted)
+                assert limit.value >= min(previous.value - 1, now.running)
+            elif waited:
+                # At once down to what the engine runs +1, unless it was already lower.
                 assert limit.value == previous.value or limit.value <= max(1, now.running + 1)
         waited = now is not None and now.waiting > 0
         previous = limit
@@ -97,11 +102,21 @@ def test_one_read_with_a_request_waiting_is_not_a_full_engine() -> None:
     assert intake.decide(twice, crowded, 8, BOUNDS, 12.0).value == 5
 
 
-def test_a_preemption_drops_the_limit_to_what_the_engine_runs_at_once() -> None:
+def test_a_preemption_lowers_the_limit_by_the_preempted_count_never_below_what_runs() -> None:
     now = EngineNow(running=5, waiting=3, kv_cache_usage=0.99, preempted=2)
     limit = intake.decide(Limit(8, "x"), now, 8, BOUNDS, 3.0)
-    assert limit.value == 5
+    assert limit.value == 6
     assert "preempted 2" in limit.reason and "5 running, 3 waiting, KV cache 99% used" in limit.reason
+    assert limit.reason.endswith(": 2 fewer")
+    assert intake.decide(Limit(8, "x"), EngineNow(running=6, waiting=4, kv_cache_usage=1.0, preempted=4), 8, BOUNDS, 3.0).value == 6
+
+
+def test_a_preemption_read_just_after_a_batch_ended_does_not_empty_the_engine() -> None:
+    # Measured: seven started together, one preempted, and the read came as five of them had ended.
+    # Cut to what ran at that read (2), the engine ran 1 to 4 for 15 s with 24 jobs queued.
+    now = EngineNow(running=2, waiting=0, kv_cache_usage=0.16, preempted=1)
+    limit = intake.decide(Limit(7, "x"), now, 7, BOUNDS, 3.0)
+    assert limit.value == 6 and limit.ceiling == 6
 
 
 def test_an_idle_or_part_used_worker_does_not_ask_for_more() -> None:
@@ -260,5 +275,5 @@ def test_the_status_job_shows_the_limit_why_and_the_slots_left_to_the_platforms_
     finally:
         handler.configure(None)  # type: ignore[arg-type]
     assert report["intake"] == gate.status()
-    assert report["intake"]["limit"] == 3 and report["intake"]["left_in_platform_queue"] == 27
+    assert report["intake"]["limit"] == 2 and report["intake"]["left_in_platform_queue"] == 28
     assert "preempted 1" in report["intake"]["reason"] and report["intake"]["engine"]["waiting"] == 2
