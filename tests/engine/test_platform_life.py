@@ -87,7 +87,12 @@ def boot(tiny_model: Path, root: Path, cp: ControlPlane, **overrides: str) -> Wo
 
 def sigterm_with_two_jobs_in_flight(worker: Worker, tokens: int) -> tuple[list[str], list[psutil.Process]]:
     jobs = [worker.cp.submit(prompt_job(tokens)) for _ in range(2)]
-    worker.wait_metric("vllm:num_requests_running", lambda v: v >= 2)
+    # Both must be in the engine before the SIGTERM (a CI run once sent it with neither running after
+    # SETTLE_S on loaded cores: the worker, idle, stopped at once). A missing start fails here, by name.
+    in_engine = worker.wait_metric("vllm:num_requests_running", lambda v: v >= 2, timeout=JOB_TIMEOUT)
+    assert in_engine >= 2, f"the two jobs did not both reach the engine ({in_engine:g} running); taken: " + str(
+        [worker.cp.timeline(job)["taken"] is not None for job in jobs]
+    )
     engines = engine_processes(worker.proc.pid)
     time.sleep(1.5)  # as in the field report: the jobs are well under way
     os.kill(worker.proc.pid, signal.SIGTERM)
@@ -170,7 +175,8 @@ def test_a_burst_that_preempts_is_shown_by_the_status_job_and_warned_about(worke
 def test_sigterm_lets_two_running_jobs_finish_and_takes_no_new_job(worker: Worker) -> None:
     """Last of the module: it ends the shared worker."""
     jobs, engines = sigterm_with_two_jobs_in_flight(worker, 600)
-    worker.proc.wait_for_log(r"taking no more jobs; 2 running may finish", timeout=SETTLE_S)
+    said = worker.proc.wait_for_log(r"taking no more jobs; (\d+) running may finish", timeout=SETTLE_S)
+    assert said.group(1) == "2", said.group(0)
     time.sleep(1.0)  # past the control plane's hold of the job-take poll the worker gave up
     late = worker.cp.submit(prompt_job(4))
 
