@@ -46,7 +46,7 @@ from tests.support.worker_proc import WorkerProcess, engine_processes, running  
 TOKENS = 600
 BURST = 40
 SAMPLE_S = 0.25
-ON_THE_WAY_S = 1.0  # as tests/engine/test_intake_real_engine.py
+ON_THE_WAY_S = 1.0  # a job taken this recently with no token yet is on its way into the engine
 PROMPT = "hello " * 20
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
@@ -56,13 +56,18 @@ def job() -> dict[str, Any]:
     return {"openai_route": "/v1/completions", "openai_input": body}
 
 
-def metric(port: int, name: str) -> float:
+def metrics(port: int, *names: str) -> list[float]:
+    """The named figures of one /metrics read (each summed over its engines; 0 when unanswered)."""
     try:
         with _OPENER.open(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
             text = response.read().decode()
     except OSError:
-        return 0.0
-    return sum(float(v) for v in re.findall(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", text, re.M))
+        return [0.0 for _ in names]
+    return [sum(float(v) for v in re.findall(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", text, re.M)) for name in names]
+
+
+def metric(port: int, name: str) -> float:
+    return metrics(port, name)[0]
 
 
 def generated(workers: list["Worker"]) -> float:
@@ -132,8 +137,8 @@ class Run:
                 held = sum(1 for t in timelines if t["taken"] is not None and t["done"] is None)
                 unstarted = [t for t in timelines if t["taken"] is not None and t["done"] is None and t["first_stream"] is None]
                 arriving = sum(1 for t in unstarted if at - (t["taken"] or at) < ON_THE_WAY_S)
-                engine = sum(int(metric(w.port, "vllm:num_requests_running")) for w in self.workers)
-                waiting = sum(int(metric(w.port, "vllm:num_requests_waiting")) for w in self.workers)
+                reads = [metrics(w.port, "vllm:num_requests_running", "vllm:num_requests_waiting") for w in self.workers]
+                engine, waiting = (sum(int(r[i]) for r in reads) for i in (0, 1))
                 self.samples.append(Sample(at, self.cp.queued(), held, engine, waiting, len(unstarted), arriving))
                 self._stop.wait(SAMPLE_S)
 
@@ -166,7 +171,7 @@ def burst(cp: ControlPlane, worker: Worker) -> dict[str, Any]:
         "of_them_not_in_vllm_p95": p95([float(s.held - s.running - s.waiting) for s in queued_samples]),
         "of_them_before_their_first_token_p95": p95([float(s.unstarted) for s in queued_samples]),
         "of_them_streamed_and_not_answered_p95": p95([float(s.held - s.unstarted - s.running) for s in queued_samples]),
-        # As tests/engine/test_intake_real_engine.py asserts it: less the jobs on their way in.
+        # Less the jobs on their way in (taken under ON_THE_WAY_S ago, no token yet).
         "less_those_on_their_way_in_p95": p95([float(s.held - s.arriving - s.running) for s in queued_samples]),
         "samples_while_queued": len(spare),
         "completed": f"{completed}/{BURST}",

@@ -87,8 +87,8 @@ def boot(tiny_model: Path, root: Path, cp: ControlPlane, **overrides: str) -> Wo
 
 def sigterm_with_two_jobs_in_flight(worker: Worker, tokens: int) -> tuple[list[str], list[psutil.Process]]:
     jobs = [worker.cp.submit(prompt_job(tokens)) for _ in range(2)]
-    # Both must be in the engine before the SIGTERM (a CI run once sent it with neither running after
-    # SETTLE_S on loaded cores: the worker, idle, stopped at once). A missing start fails here, by name.
+    # Both must be in the engine before the SIGTERM: a CI run once went on after SETTLE_S without
+    # asserting it, and the worker stopped at once, as an idle one does. A missing start fails here.
     in_engine = worker.wait_metric("vllm:num_requests_running", lambda v: v >= 2, timeout=JOB_TIMEOUT)
     assert in_engine >= 2, f"the two jobs did not both reach the engine ({in_engine:g} running); taken: " + str(
         [worker.cp.timeline(job)["taken"] is not None for job in jobs]
