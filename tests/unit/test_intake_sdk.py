@@ -142,6 +142,38 @@ def test_with_the_patch_a_limit_change_applies_while_jobs_run_and_every_job_is_a
     assert set(loop.answered) <= set(loop.taken)
 
 
+class SlowFullSleep:
+    """rp_scale's `asyncio`, except that the SDK's one-second sleep of a full worker lasts a minute."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(asyncio, name)
+
+    @staticmethod
+    async def sleep(delay: float) -> None:
+        await asyncio.sleep(60.0 if delay >= 1 else delay)
+
+
+def test_with_the_patch_a_full_worker_takes_the_next_job_as_soon_as_one_ends(
+    sdk_set_scale: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Were the SDK's own sleep of a full worker still the way to the next take, nothing would be
+    # taken within PATIENCE_S: the patched set_scale waits for room instead, and takes at once.
+    monkeypatch.setattr(rp_scale, "asyncio", SlowFullSleep())
+    monkeypatch.setattr(platform, "ROOM_WAIT_S", 60.0)
+    assert platform.patch_set_scale()
+    loop = Loop(limit=2)
+
+    async def scenario() -> None:
+        await loop.until(lambda: len(loop.running) == 2)
+        loop.release(1)
+        await loop.until(lambda: len(loop.running) == 2 and len(loop.taken) == 3)
+        loop.limit = 3  # a limit that rises while the worker is full is taken up at once too
+        await loop.until(lambda: len(loop.running) == 3)
+
+    asyncio.run(run_loop(loop, scenario))
+    assert not loop.errors
+
+
 def test_the_modifier_is_the_intakes_limit_or_the_fixed_one(sdk_set_scale: None) -> None:
     class Gate:
         adaptive = True

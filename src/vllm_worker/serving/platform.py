@@ -333,6 +333,8 @@ def keep_sdk_checks_off() -> None:
 # asks for more at the next take. runpod-python PR #457 (open) removes the wait upstream; once the
 # pinned SDK has it, `patch_set_scale` and its test (tests/unit/test_intake_sdk.py) go.
 PATCHED_RUNPOD = "1.12."
+ROOM_WAIT_S = 1.0
+ROOM_POLL_S = 0.05
 
 
 def patch_set_scale() -> bool:
@@ -358,6 +360,14 @@ def patch_set_scale() -> bool:
         idle = self.jobs_queue.qsize() == 0 and self.job_progress.get_job_count() == 0
         if self.jobs_queue.maxsize != 0 and idle:
             self.jobs_queue = asyncio.Queue()  # once: from now on no limit needs a new queue
+        # Full, the SDK sleeps a whole second before it asks again; a job that ends (or a limit that
+        # rises) meanwhile would leave the engine a slot short for up to that second. Wait here for
+        # room instead, looking every ROOM_POLL_S, so the next take follows at once.
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + ROOM_WAIT_S
+        while self.is_alive() and self.current_occupancy() >= self.current_concurrency and loop.time() < deadline:
+            await asyncio.sleep(ROOM_POLL_S)
+            self.current_concurrency = max(1, int(self.concurrency_modifier(self.current_concurrency)))
 
     set_scale._vllm_worker = True  # type: ignore[attr-defined]
     scaler.set_scale = set_scale  # type: ignore[method-assign]
