@@ -174,6 +174,24 @@ def test_with_the_patch_a_full_worker_takes_the_next_job_as_soon_as_one_ends(
     assert not loop.errors
 
 
+def test_with_the_patch_a_full_worker_that_is_stopping_does_not_wait_for_room(
+    sdk_set_scale: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A SIGTERM (kill_worker) while the worker is full: the wait for room ends at once, so the loop
+    # sees the stop at its next turn, not when the wait runs out.
+    monkeypatch.setattr(platform, "ROOM_WAIT_S", 60.0)
+    assert platform.patch_set_scale()
+    loop = Loop(limit=2)
+
+    async def scenario() -> None:
+        await loop.until(lambda: len(loop.running) == 2)
+        loop.scaler.kill_worker()
+        await asyncio.wait_for(loop.scaler.set_scale(), PATIENCE_S / 5)
+
+    asyncio.run(run_loop(loop, scenario))
+    assert not loop.errors
+
+
 def test_the_modifier_is_the_intakes_limit_or_the_fixed_one(sdk_set_scale: None) -> None:
     class Gate:
         adaptive = True
