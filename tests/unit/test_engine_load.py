@@ -132,3 +132,21 @@ def test_preemptions_after_a_full_cache_warning_are_warned_about_at_once(caplog:
     assert warnings[1] is not None and "stayed full for 10 s" in warnings[1]
     assert warnings[2] is not None and "3 requests were preempted in the last 10 s" in warnings[2]
     assert len(caplog.records) == 2
+
+
+def test_an_engine_that_does_not_answer_the_status_job_in_time_gets_the_last_read_said_to_be_that() -> None:
+    # CI measured a status job during a burst on two busy cores answered "vLLM keeps no statistics
+    # with DISABLE_LOG_STATS=true": its read had only timed out.
+    clock = [40.0]
+    watch = engine_load.LoadWatch("127.0.0.1", 1, lambda: LaunchProfile.parse({}), 30, clock=lambda: clock[0])
+    nothing = watch.status(None, answered=False)
+    assert nothing == {"available": False, "reason": engine_load.NO_ANSWER.format(seconds=engine_load.STATUS_READ_TIMEOUT_S)}
+    assert "DISABLE_LOG_STATS" not in nothing["reason"] and "did not answer within 10 s" in nothing["reason"]
+    watch.last = engine_load.parse(metrics(1, 0, 0.2, 0, generated=100), at=20.0)
+    watch.latest = engine_load.parse(metrics(3, 2, 0.9, 1, generated=700), at=32.5)
+    stale = watch.status(None, answered=False)
+    assert stale["available"] is True and (stale["running"], stale["waiting"], stale["kv_cache_usage"]) == (3, 2, 0.9)
+    assert stale["generation_tokens_per_s"] == 48.0 and stale["read_seconds_ago"] == 7.5
+    assert stale["stale"].endswith("these are the worker's last read")
+    # An answer without figures is still vLLM without statistics.
+    assert watch.status(None, answered=True) == {"available": False, "reason": engine_load.NO_STATS}

@@ -36,6 +36,10 @@ log = logging.getLogger("vllm_worker")
 POLL_S = 10.0
 WARN_EVERY_S = 300.0
 READ_TIMEOUT_S = 2.0
+# The status job's own read may wait longer: it is asked for rarely, and an engine busy with a burst
+# on few cores has been measured answering /metrics after more than 2 s.
+STATUS_READ_TIMEOUT_S = 10.0
+NO_ANSWER = "the engine's /metrics did not answer within {seconds:g} s (the engine is busy, or not serving)"
 # A KV cache this full in two reads in a row, with requests waiting, is "full".
 KV_FULL = 0.95
 
@@ -269,6 +273,7 @@ class LoadWatch:
         self.interval = interval
         self.clock = clock
         self.last: Sample | None = None
+        self.latest: Sample | None = None  # the most recent read with figures (intake or warning)
         self._warned_at: float | None = None
         self._warned_preempted = False  # whether the last warning named preemptions
         self._since_warning: Sample | None = None
@@ -288,6 +293,8 @@ class LoadWatch:
         every = min(self.interval, intake.POLL_S) if adaptive else self.interval
         while True:
             sample, answered = read(self.url, clock=self.clock)
+            if sample is not None:
+                self.latest = sample
             if adaptive and answered:
                 self.feed_intake(sample)
             if sample is not None and (self._observed_at is None or sample.at - self._observed_at >= self.interval - every / 2):
@@ -320,6 +327,15 @@ class LoadWatch:
         log.warning("%s", warning)
         return warning
 
-    def status(self, current: Sample | None) -> dict[str, Any]:
-        """The status job's figures for a fresh read, with rates since the watch's last read."""
-        return figures(current, self.last)
+    def status(self, current: Sample | None, answered: bool = True) -> dict[str, Any]:
+        """The status job's figures for a fresh read, with rates since the watch's last read. When the
+        engine did not answer, the watch's latest read, said to be that (and how old), where there is one."""
+        if answered:
+            return figures(current, self.last)
+        latest = self.latest
+        if latest is None:
+            return {"available": False, "reason": NO_ANSWER.format(seconds=STATUS_READ_TIMEOUT_S)}
+        report = figures(latest, self.last if self.last is not latest else None)
+        report["stale"] = NO_ANSWER.format(seconds=STATUS_READ_TIMEOUT_S) + ": these are the worker's last read"
+        report["read_seconds_ago"] = round(max(0.0, self.clock() - latest.at), 1)
+        return report

@@ -468,16 +468,16 @@ async def _context_length(state: WorkerState, session: aiohttp.ClientSession) ->
     return length
 
 
-async def _read_load(state: WorkerState) -> engine_load.Sample | None:
-    """A fresh read of vLLM's /metrics for the status job (None when it gives no figures)."""
+async def _read_load(state: WorkerState) -> tuple[engine_load.Sample | None, bool]:
+    """A fresh read of vLLM's /metrics for the status job: (None when it gives no figures, whether it answered)."""
     try:
         async with _get_session(state).get(
-            engine_load.metrics_url(state.host, state.port), timeout=_timeout(engine_load.READ_TIMEOUT_S)
+            engine_load.metrics_url(state.host, state.port), timeout=_timeout(engine_load.STATUS_READ_TIMEOUT_S)
         ) as response:
             text = await response.text() if response.status == 200 else ""
     except (*_TRANSPORT_ERRORS, ValueError):
-        text = ""
-    return engine_load.parse(text, time.monotonic())
+        return None, False
+    return engine_load.parse(text, time.monotonic()), True
 
 
 def _form(body: dict[str, Any]) -> aiohttp.FormData:
@@ -502,7 +502,7 @@ async def handler(job: dict[str, Any]) -> AsyncGenerator[Any, None]:
     if is_status_request(job_input):
         report = status_report(state)
         if state.load_watch is not None:
-            report["load"] = state.load_watch.status(await _read_load(state)) if state.ready.is_set() else None
+            report["load"] = state.load_watch.status(*await _read_load(state)) if state.ready.is_set() else None
             # How many jobs the worker takes now and why (serving.intake).
             report["intake"] = state.load_watch.intake.status() if state.load_watch.intake is not None else None
         yield report
