@@ -332,10 +332,10 @@ class LoadWatch:
         engine did not answer, the watch's latest read, said to be that (and how old), where there is one."""
         if answered:
             return figures(current, self.last)
-        latest = self.latest
+        latest, no_answer = self.latest, NO_ANSWER.format(seconds=STATUS_READ_TIMEOUT_S)
         if latest is None:
-            return {"available": False, "reason": NO_ANSWER.format(seconds=STATUS_READ_TIMEOUT_S)}
-        report = figures(latest, self.last if self.last is not latest else None)
-        report["stale"] = NO_ANSWER.format(seconds=STATUS_READ_TIMEOUT_S) + ": these are the worker's last read"
+            return {"available": False, "reason": no_answer}
+        report = figures(latest, self.last)  # no rates when `last` is that same read
+        report["stale"] = no_answer + ": these are the worker's last read"
         report["read_seconds_ago"] = round(max(0.0, self.clock() - latest.at), 1)
         return report

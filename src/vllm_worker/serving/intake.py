@@ -125,18 +125,12 @@ def decide(current: Limit, now: EngineNow | None, held: int, bounds: Bounds, at:
         # runs at this read: requests started together end together, and a read just after a batch ended
         # would cut the limit to the few still running and leave the engine half empty for many seconds.
         target = max(1, min(top, current.value - 1, max(now.running, current.value - now.preempted)))
-        full = replace(current, ceiling=target)
         cause = f"the engine preempted {now.preempted} request(s) ({_figures(now)})"
-        if target < current.value:
-            return _set(full, target, f"{cause}: {current.value - target} fewer", at, waited)
-        return _set(full, current.value, f"{cause}: holding", at, waited)
+        return _lower(current, target, target, cause, f"{current.value - target} fewer", at, waited)
     if waited and current.waited_before:
         target = max(1, min(top, now.running + 1))
-        full = replace(current, ceiling=now.running)
         cause = f"requests wait inside the engine ({_figures(now)})"
-        if target < current.value:
-            return _set(full, target, f"{cause}: taking what it runs +1", at, waited)
-        return _set(full, current.value, f"{cause}: holding", at, waited)
+        return _lower(current, target, now.running, cause, "taking what it runs +1", at, waited)
     if waited or now.kv_cache_usage >= KV_HIGH or held < current.value or current.value >= top:
         return replace(current, waited_before=waited)
     if current.changed_at is not None and at - current.changed_at < GROW_EVERY_S:
@@ -160,6 +154,15 @@ def decide(current: Limit, now: EngineNow | None, held: int, bounds: Bounds, at:
         # Past what the engine ran when it was last full: one more at a time.
         target = min(target, max(current.ceiling + 1, current.value + 1))
     return _set(current, target, f"{why} ({_figures(now)})", at, waited)
+
+
+def _lower(current: Limit, target: int, ceiling: int, cause: str, how: str, at: float, waited: bool) -> Limit:
+    """The engine is full: down to `target` (`how`), or holding if the limit is already that low; the
+    growth ceiling is `ceiling` from now on."""
+    full = replace(current, ceiling=ceiling)
+    if target < current.value:
+        return _set(full, target, f"{cause}: {how}", at, waited)
+    return _set(full, current.value, f"{cause}: holding", at, waited)
 
 
 def _set(current: Limit, value: int, reason: str, at: float, waited: bool) -> Limit:

@@ -355,8 +355,11 @@ def patch_set_scale() -> bool:
         )
         return False
 
-    async def set_scale(self: Any) -> None:
+    def ask(self: Any) -> None:
         self.current_concurrency = max(1, int(self.concurrency_modifier(self.current_concurrency)))
+
+    async def set_scale(self: Any) -> None:
+        ask(self)
         idle = self.jobs_queue.qsize() == 0 and self.job_progress.get_job_count() == 0
         if self.jobs_queue.maxsize != 0 and idle:
             self.jobs_queue = asyncio.Queue()  # once: from now on no limit needs a new queue
@@ -367,7 +370,7 @@ def patch_set_scale() -> bool:
         deadline = loop.time() + ROOM_WAIT_S
         while self.is_alive() and self.current_occupancy() >= self.current_concurrency and loop.time() < deadline:
             await asyncio.sleep(ROOM_POLL_S)
-            self.current_concurrency = max(1, int(self.concurrency_modifier(self.current_concurrency)))
+            ask(self)
 
     set_scale._vllm_worker = True  # type: ignore[attr-defined]
     scaler.set_scale = set_scale  # type: ignore[method-assign]
