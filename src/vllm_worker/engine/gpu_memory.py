@@ -399,9 +399,7 @@ def _meminfo(path: str, prefix_words: int) -> dict[str, int]:
     return values
 
 
-def probe_cpu(
-    profile: LaunchProfile | None = None, root: str = "/", allowed_cpus: set[int] | None = None
-) -> list[DeviceMemory]:
+def probe_cpu(profile: LaunchProfile, root: str = "/", allowed_cpus: set[int] | None = None) -> list[DeviceMemory]:
     """The memory figure vLLM 0.32's CPU backend checks at startup, computed as it computes it.
 
     ``get_memory_node_info`` (vllm/utils/cpu_resource_utils.py:189-241): with a per-node meminfo,
@@ -409,7 +407,6 @@ def probe_cpu(
     clamped to the cgroup limit when it is lower; without one, psutil's total and available
     (/proc/meminfo MemTotal and MemAvailable).
     """
-    profile = LaunchProfile.parse(os.environ) if profile is None else profile
     allowed = allowed_cpus if allowed_cpus is not None else os.sched_getaffinity(0)
     node = _memory_node(profile, root, allowed)
     node_path = os.path.join(root, f"sys/devices/system/node/node{node}/meminfo")
