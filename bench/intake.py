@@ -26,12 +26,10 @@ from __future__ import annotations
 
 import argparse
 import math
-import re
 import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,7 +37,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "src")]
 
-from tests.support import engine_env  # noqa: E402
+from tests.support import engine_env, vllm_metrics  # noqa: E402
 from tests.support.control_plane import ControlPlane  # noqa: E402
 from tests.support.worker_proc import WorkerProcess, engine_processes, running  # noqa: E402
 
@@ -48,7 +46,6 @@ BURST = 40
 SAMPLE_S = 0.25
 ON_THE_WAY_S = 1.0  # a job taken this recently with no token yet is on its way into the engine
 PROMPT = "hello " * 20
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 def job() -> dict[str, Any]:
@@ -59,11 +56,10 @@ def job() -> dict[str, Any]:
 def metrics(port: int, *names: str) -> list[float]:
     """The named figures of one /metrics read (each summed over its engines; 0 when unanswered)."""
     try:
-        with _OPENER.open(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-            text = response.read().decode()
+        text = vllm_metrics.read(port)
     except OSError:
         return [0.0 for _ in names]
-    return [sum(float(v) for v in re.findall(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", text, re.M)) for name in names]
+    return [sum(vllm_metrics.values(text, name)) for name in names]
 
 
 def metric(port: int, name: str) -> float:

@@ -20,14 +20,13 @@ import os
 import re
 import signal
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.support import engine_env
+from tests.support import engine_env, vllm_metrics
 from tests.support.control_plane import ControlPlane
 from tests.support.worker_proc import WorkerProcess, engine_leader, kill_engine_group
 
@@ -55,13 +54,6 @@ SEEDED = {
     "openai_route": "/v1/completions",
     "openai_input": {"prompt": PROMPT, **SAMPLING, "seed": 7, "stream": True},
 }
-
-
-def metric(port: int, name: str) -> float:
-    # 30 s: a clean-clone CI run timed out at 5 s, four streams and another engine file on two cores.
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as response:
-        text = response.read().decode()
-    return sum(float(v) for v in re.findall(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", text, re.M))
 
 
 def events(cp: ControlPlane, job: str) -> tuple[list[dict[str, Any]], list[str]]:
@@ -100,12 +92,12 @@ def outcome(cp: ControlPlane, name: str, job: str) -> dict[str, Any]:
 
 def run_round(cp: ControlPlane, port: int, disturb: Any = None, extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """The four jobs at once; `disturb` runs once a third of their tokens are generated."""
-    before = metric(port, "vllm:generation_tokens_total")
+    before = vllm_metrics.metric(port, "vllm:generation_tokens_total")
     jobs = {name: cp.submit(job) for name, job in {**JOBS, **(extra or {})}.items()}
     if disturb is not None:
         third = len(jobs) * TOKENS / 3
         deadline = time.monotonic() + engine_env.BOOT_TIMEOUT
-        while metric(port, "vllm:generation_tokens_total") - before < third:
+        while vllm_metrics.metric(port, "vllm:generation_tokens_total") - before < third:
             assert time.monotonic() < deadline, "the jobs never got a third of the way"
             time.sleep(0.05)
         disturb()

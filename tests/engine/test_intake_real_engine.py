@@ -20,15 +20,13 @@ worker's p95 on that measure is 23 to 24 in the bench (its jobs wait in vLLM for
 from __future__ import annotations
 
 import math
-import re
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
-from tests.support import engine_env
+from tests.support import engine_env, vllm_metrics
 from tests.support.control_plane import ControlPlane
 from tests.support.worker_proc import WorkerProcess, engine_processes, running
 
@@ -45,9 +43,7 @@ ON_THE_WAY_S = 1.0
 
 
 def running_in_engine(port: int) -> int:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-        text = response.read().decode()
-    return int(sum(float(v) for v in re.findall(r"^vllm:num_requests_running(?:\{[^}]*\})? (\S+)$", text, re.M)))
+    return int(vllm_metrics.metric(port, "vllm:num_requests_running"))
 
 
 def test_a_burst_stays_in_the_platforms_queue_and_every_job_completes(tiny_model: Path, tmp_path: Path) -> None:

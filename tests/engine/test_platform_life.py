@@ -19,10 +19,8 @@ the short drain. tests/integration/test_fresh_worker.py has the idle stop and th
 from __future__ import annotations
 
 import os
-import re
 import signal
 import time
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +29,7 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.support import engine_env
+from tests.support import engine_env, vllm_metrics
 from tests.support.control_plane import ControlPlane
 from tests.support.worker_proc import WorkerProcess, engine_processes, running
 
@@ -56,11 +54,7 @@ class Worker:
 
     def metric(self, name: str) -> float:
         """One of vLLM's own figures, summed over its engines, straight from its /metrics."""
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=5) as response:
-            text = response.read().decode()
-        values = [float(v) for v in re.findall(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", text, re.M)]
-        assert values, f"{name} is not in vLLM's /metrics"
-        return sum(values)
+        return vllm_metrics.metric(self.port, name)
 
     def wait_metric(self, name: str, done: Any, timeout: float = SETTLE_S) -> float:
         deadline = time.monotonic() + timeout
