@@ -8,6 +8,7 @@ a user reads in the status job.
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 import pytest
 
@@ -189,3 +190,18 @@ def test_the_log_line_counts_the_changes_since_the_last_one(caplog: pytest.LogCa
         "taking up to 4 job(s) at once (was 6; 2 changes since the last line)",
         "taking up to 3 job(s) at once (was 4)",
     ]
+
+
+def test_a_request_holds_whole_kv_cache_blocks() -> None:
+    # vLLM's CPU backend: 4,096 tokens are 32 blocks of 128; a request of 642 tokens holds 6 (768).
+    # 3 running will hold 18 blocks at their end: 14 left hold 2 more such requests, not the 3 that
+    # 4,096 - 3 x 642 tokens would give.
+    cpu = EngineNow(running=3, waiting=0, kv_cache_usage=0.1, request_tokens=642.0, block_size=128)
+    assert intake.decide(Limit(3, "x"), cpu, 3, BOUNDS, 10.0).value == 5
+    assert intake.decide(Limit(3, "x"), replace(cpu, block_size=None), 3, BOUNDS, 10.0).value == 6
+    # 5 running of 768 need 30 of 32 blocks: no room to their end (one more only as a probe, later).
+    five = replace(cpu, running=5)
+    assert intake.decide(Limit(5, "x", changed_at=9.0), five, 5, BOUNDS, 12.0).value == 5
+    # A length of whole blocks needs no more than itself: 1,024 tokens are 8 blocks of 128.
+    exact = EngineNow(running=3, waiting=0, kv_cache_usage=0.0, request_tokens=1024.0, block_size=128)
+    assert intake.decide(Limit(3, "x"), exact, 3, BOUNDS, 10.0).value == 4

@@ -16,9 +16,9 @@ worker is added. Here the limit follows the engine, read from vLLM's /metrics ev
   grows, at most once every GROW_EVERY_S and not within HOLD_S of a drop (so it does not flap), by
   the requests the KV cache holds to their end: the capacity plan's KV tokens, less what the
   running requests will need at their end (each as long as the requests' length: the mean prompt
-  plus generated tokens of the requests finished so far, MAX_MODEL_LEN before any has), against
-  that length, less the jobs taken and not yet in the engine; at most doubling, and past what the
-  engine ran when it was last full (+1) one at a time. When that is under one request, by one every
+  plus generated tokens of the requests finished so far, MAX_MODEL_LEN before any has, in whole KV
+  cache blocks), against that length, less the jobs taken and not yet in the engine; at most
+  doubling, and past what the engine ran when it was last full (+1) one at a time. When that is under one request, by one every
   PROBE_EVERY_S (requests that end at different times need less: vLLM's waiting queue and
   preemptions say when they do not); by 1 when the KV cache size is unknown.
 - Otherwise the limit holds.
@@ -68,6 +68,7 @@ class EngineNow:
     preempted: int = 0  # since the previous read
     request_tokens: float | None = None  # mean prompt + generated tokens of the requests finished so far
     kv_tokens: int | None = None  # the KV cache's size as vLLM's cache_config_info gives it (when the plan has none)
+    block_size: int | None = None  # the tokens of one KV cache block, from the same labels
 
 
 @dataclass(frozen=True)
@@ -90,11 +91,15 @@ def _fit(kv_tokens: int | None, request_tokens: float | None) -> int | None:
 
 def _room(now: EngineNow, held: int, kv_tokens: int | None, length: float | None) -> int | None:
     """Requests of `length` tokens the KV cache holds to their end beside the running ones (each of which
-    will need `length` too, or what it holds now if more), less the jobs taken and not yet in the engine."""
+    will need `length` too, or what it holds now if more), less the jobs taken and not yet in the engine.
+    A request holds whole blocks: vLLM gives the cache out in blocks of `block_size` tokens (16 on a GPU,
+    128 on its CPU backend, where a request of 642 tokens holds 768)."""
     if not kv_tokens or not length or length <= 0:
         return None
-    free = kv_tokens - max(kv_tokens * now.kv_cache_usage, now.running * length)
-    return math.floor(free / length + 1e-9) - max(0, held - now.running)
+    block = now.block_size if now.block_size and now.block_size > 0 else 1
+    need = math.ceil(length / block - 1e-9) * block
+    free = kv_tokens - max(kv_tokens * now.kv_cache_usage, now.running * need)
+    return math.floor(free / need + 1e-9) - max(0, held - now.running)
 
 
 def first(bounds: Bounds) -> Limit:
