@@ -150,7 +150,7 @@ def test_a_cache_config_without_a_size_gives_none() -> None:
 def test_a_served_model_name_with_spaces_and_braces_keeps_every_figure() -> None:
     # SERVED_MODEL_NAME is the user's text; Prometheus writes label values as they are.
     read = sample(5.0, running=2, waiting=1, kv=0.25, preemptions=3, prompt=40, generated=9, model="team a/chat {v2}")
-    assert read == engine_load.Sample(5.0, 0.25, 2, 1, 3, 40, 9, 0, 0, kv_tokens=4096)
+    assert read == engine_load.Sample(5.0, 0.25, 2, 1, 3, 40, 9, 0, 0, kv_tokens=4096, block_size=128)
 
 
 def test_a_series_without_labels_is_read_too() -> None:
@@ -193,13 +193,13 @@ def test_one_prefix_cache_query_is_a_hit_rate() -> None:
 
 def test_the_intake_reads_a_first_read_with_no_preemptions_and_no_length_yet() -> None:
     first = sample(1.0, running=2, waiting=1, kv=0.5, preemptions=4)
-    assert engine_load.engine_now(first, None) == EngineNow(2, 1, 0.5, preempted=0, request_tokens=None, kv_tokens=4096)
+    assert engine_load.engine_now(first, None) == EngineNow(2, 1, 0.5, preempted=0, request_tokens=None, kv_tokens=4096, block_size=128)
 
 
 def test_the_intake_reads_the_preemptions_since_the_last_read_and_one_finished_request_as_a_length() -> None:
     before = sample(1.0, running=2, preemptions=4)
     now = sample(2.0, running=3, kv=0.9, preemptions=7, finished=1, finished_prompt=300, finished_generated=12)
-    assert engine_load.engine_now(now, before) == EngineNow(3, 0, 0.9, preempted=3, request_tokens=312.0, kv_tokens=4096)
+    assert engine_load.engine_now(now, before) == EngineNow(3, 0, 0.9, preempted=3, request_tokens=312.0, kv_tokens=4096, block_size=128)
 
 
 def test_the_intake_counts_no_preemptions_across_an_engine_restart() -> None:
@@ -351,7 +351,7 @@ def test_an_answer_without_figures_puts_the_intake_at_max_concurrency() -> None:
 def test_read_gives_the_figures_at_the_clocks_time_and_that_the_engine_answered() -> None:
     with serving(lambda n: metrics(running=2, waiting=1, kv=0.5, preemptions=1).encode()) as engine:
         assert engine_load.read(engine.url, clock=lambda: 42.0) == (
-            engine_load.Sample(42.0, 0.5, 2, 1, 1, 0, 0, 0, 0, kv_tokens=4096), True
+            engine_load.Sample(42.0, 0.5, 2, 1, 1, 0, 0, 0, 0, kv_tokens=4096, block_size=128), True
         )
 
 
@@ -485,3 +485,14 @@ def test_an_answer_without_figures_keeps_the_latest_read_and_the_watch_goes_on(m
     assert seen[0]["reason"] == intake.NO_FIGURES_REASON and seen[0]["engine"] is None
     assert watch.latest is not None and watch.latest.running == 3
     assert gate.status()["engine"]["running"] == 3  # type: ignore[index]
+
+
+def test_the_kv_cache_block_is_read_from_cache_config_info() -> None:
+    # vLLM's CPU backend gives 128-token blocks: the intake counts a request in whole blocks.
+    sample = engine_load.parse(metrics(running=1), 1.0)
+    assert sample is not None and sample.block_size == 128
+    now = engine_load.engine_now(sample, None)
+    assert now is not None and now.block_size == 128
+    for info in (None, CACHE_INFO.replace('block_size="128"', 'block_size="None"'), CACHE_INFO.replace('block_size="128"', 'block_size="0"')):
+        other = engine_load.parse(metrics(running=1, cache_info=info), 1.0)
+        assert other is not None and other.block_size is None

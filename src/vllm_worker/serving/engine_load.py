@@ -85,10 +85,20 @@ class Sample:
     finished_generation_tokens: int = 0
     finished_requests: int = 0
     kv_tokens: int | None = None  # from vllm:cache_config_info
+    block_size: int | None = None  # from vllm:cache_config_info
 
 
 _CACHE_INFO = re.compile(r'^vllm:cache_config_info\{(?P<labels>[^}]*)\}', re.MULTILINE)
 _LABEL = re.compile(r'(\w+)="([^"]*)"')
+
+
+def _block_size(text: str) -> int | None:
+    """The tokens of one KV cache block from vLLM's cache_config_info labels (None: not given)."""
+    found = _CACHE_INFO.search(text)
+    if found is None:
+        return None
+    value = dict(_LABEL.findall(found.group("labels"))).get("block_size", "")
+    return int(value) if value.isdigit() and int(value) > 0 else None
 
 
 def _kv_tokens(text: str) -> int | None:
@@ -134,6 +144,7 @@ def parse(text: str, at: float) -> Sample | None:
         kv_cache_usage=max(kv) if kv else 0.0,
         **{field: int(values.get(field, 0.0)) for field in ("running", "waiting", *_COUNTERS.values())},
         kv_tokens=_kv_tokens(text),
+        block_size=_block_size(text),
     )
 
 
@@ -187,6 +198,7 @@ def engine_now(current: Sample | None, previous: Sample | None) -> intake.Engine
         preempted=current.preemptions - base.preemptions if base is not None else 0,
         request_tokens=(current.finished_prompt_tokens + current.finished_generation_tokens) / finished if finished > 0 else None,
         kv_tokens=current.kv_tokens,
+        block_size=current.block_size,
     )
 
 
