@@ -493,6 +493,9 @@ def test_the_kv_cache_block_is_read_from_cache_config_info() -> None:
     assert sample is not None and sample.block_size == 128
     now = engine_load.engine_now(sample, None)
     assert now is not None and now.block_size == 128
-    for info in (None, CACHE_INFO.replace('block_size="128"', 'block_size="None"'), CACHE_INFO.replace('block_size="128"', 'block_size="0"')):
+    odd = [None, CACHE_INFO.replace('block_size="128",', ""), *(CACHE_INFO.replace('"128"', v) for v in ('"None"', '"0"', '"-16"'))]
+    for info in odd:
         other = engine_load.parse(metrics(running=1, cache_info=info), 1.0)
         assert other is not None and other.block_size is None
+    one = engine_load.parse(metrics(running=1, cache_info=CACHE_INFO.replace('block_size="128"', 'block_size="1"')), 1.0)
+    assert one is not None and one.block_size == 1
