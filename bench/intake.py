@@ -14,7 +14,7 @@ control-plane stand-in (tests/support/control_plane.py). In one run:
    the engine as full as vLLM allows), then the capacity-aware one, then (3) two capacity-aware
    workers sharing one queue (the split: requests each engine completed of the jobs taken).
 
-    flock /tmp/vllm-engine.lock .venv/bin/python bench/intake.py [--feed-seconds 120] [--skip-two]
+    flock /tmp/vllm-engine.lock .venv/bin/python bench/intake.py [--feed-seconds 180] [--skip-two]
         [--rate JOBS_PER_MIN --no-burst] [--skip-fixed] [--pairs N]
 
 Each worker's log is left in $TMPDIR/bench-intake-LABEL.log (its limit changes: "taking up to").
@@ -241,7 +241,10 @@ def load_note() -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--feed-seconds", type=float, default=120.0)
+    # 180 s: in a shorter feed's second half the fixed worker's 30 jobs in progress are still filling,
+    # so its completions lag its engine's tokens and the completed/min ratio reads high (measured: 90-s
+    # pairs 0.932 and 1.312 where 180-s pairs read 0.736 and 0.820, as the tokens/s ratio did).
+    parser.add_argument("--feed-seconds", type=float, default=180.0)
     parser.add_argument("--skip-two", action="store_true", help="no two-worker phase")
     parser.add_argument("--rate", type=float, help="jobs per minute to feed (default: twice the fixed burst's rate)")
     parser.add_argument("--no-burst", action="store_true", help="feeds only (needs --rate)")

@@ -13,7 +13,6 @@ import http.server
 import logging
 import socket
 import threading
-import time
 from typing import Callable, Iterator
 
 import pytest
@@ -382,11 +381,10 @@ def test_read_gives_up_after_its_timeout_when_the_engine_does_not_answer() -> No
         return b""
 
     with serving(body) as engine:
-        began = time.monotonic()
         result = engine_load.read(engine.url, timeout=0.2)
-        took = time.monotonic() - began
         answered.set()
-    assert result == (None, False) and took < 1.0
+    # Had it waited for the answer, the empty body would read as answered without figures: (None, True).
+    assert result == (None, False)
 
 
 # --- LoadWatch.start and its thread, against a real endpoint ---

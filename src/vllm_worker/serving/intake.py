@@ -18,9 +18,9 @@ worker is added. Here the limit follows the engine, read from vLLM's /metrics ev
   running requests will need at their end (each as long as the requests' length: the mean prompt
   plus generated tokens of the requests finished so far, MAX_MODEL_LEN before any has, in whole KV
   cache blocks), against that length, less the jobs taken and not yet in the engine; at most
-  doubling, and past what the engine ran when it was last full (+1) one at a time. When that is under one request, by one every
-  PROBE_EVERY_S (requests that end at different times need less: vLLM's waiting queue and
-  preemptions say when they do not); by 1 when the KV cache size is unknown.
+  doubling, and past what the engine ran when it was last full (+1) one at a time. When that is
+  under one request, by one every PROBE_EVERY_S (requests that end at different times need less:
+  vLLM's waiting queue and preemptions say when they do not); by 1 when the KV cache size is unknown.
 - Otherwise the limit holds.
 
 The first limit is what the KV cache holds of requests as long as MAX_MODEL_LEN (+1), so a worker
