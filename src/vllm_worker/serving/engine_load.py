@@ -92,21 +92,20 @@ _CACHE_INFO = re.compile(r'^vllm:cache_config_info\{(?P<labels>[^}]*)\}', re.MUL
 _LABEL = re.compile(r'(\w+)="([^"]*)"')
 
 
-def _block_size(text: str) -> int | None:
-    """The tokens of one KV cache block from vLLM's cache_config_info labels (None: not given)."""
+def _cache_labels(text: str) -> dict[str, str]:
+    """vLLM's cache_config_info labels ({} when /metrics has none)."""
     found = _CACHE_INFO.search(text)
-    if found is None:
-        return None
-    value = dict(_LABEL.findall(found.group("labels"))).get("block_size", "")
+    return dict(_LABEL.findall(found.group("labels"))) if found is not None else {}
+
+
+def _block_size(labels: dict[str, str]) -> int | None:
+    """The tokens of one KV cache block (None: not given)."""
+    value = labels.get("block_size", "")
     return int(value) if value.isdigit() and int(value) > 0 else None
 
 
-def _kv_tokens(text: str) -> int | None:
-    """The KV cache's size in tokens from vLLM's cache_config_info labels."""
-    found = _CACHE_INFO.search(text)
-    if found is None:
-        return None
-    labels = dict(_LABEL.findall(found.group("labels")))
+def _kv_tokens(labels: dict[str, str]) -> int | None:
+    """The KV cache's size in tokens."""
     try:
         if labels.get("kv_cache_size_tokens") not in (None, "", "None"):
             return int(labels["kv_cache_size_tokens"])
@@ -139,12 +138,13 @@ def parse(text: str, at: float) -> Sample | None:
             values[field] = values.get(field, 0.0) + value
     if "running" not in values:
         return None
+    cache = _cache_labels(text)
     return Sample(
         at=at,
         kv_cache_usage=max(kv) if kv else 0.0,
         **{field: int(values.get(field, 0.0)) for field in ("running", "waiting", *_COUNTERS.values())},
-        kv_tokens=_kv_tokens(text),
-        block_size=_block_size(text),
+        kv_tokens=_kv_tokens(cache),
+        block_size=_block_size(cache),
     )
 
 
