@@ -25,12 +25,13 @@ Prints the figures and the ratios; asserts nothing (a bench, not a test).
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,7 @@ from tests.support.control_plane import ControlPlane  # noqa: E402
 from tests.support.worker_proc import WorkerProcess, engine_processes, running  # noqa: E402
 
 TOKENS = 600
+FIGURES = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc", "vllm:num_preemptions_total")
 BURST = 40
 SAMPLE_S = 0.25
 ON_THE_WAY_S = 1.0  # a job taken this recently with no token yet is on its way into the engine
@@ -115,6 +117,8 @@ class Sample:
     waiting: int  # requests waiting in vLLM
     unstarted: int  # jobs taken with no token streamed yet
     arriving: int  # of those, taken less than ON_THE_WAY_S ago: on their way into the engine
+    kv: float = 0.0  # KV cache usage, a fraction (the highest of the workers' engines)
+    preemptions: float = 0.0  # vLLM's preemptions since its start, summed over the engines
 
 
 @dataclass
@@ -133,9 +137,10 @@ class Run:
                 held = sum(1 for t in timelines if t["taken"] is not None and t["done"] is None)
                 unstarted = [t for t in timelines if t["taken"] is not None and t["done"] is None and t["first_stream"] is None]
                 arriving = sum(1 for t in unstarted if at - (t["taken"] or at) < ON_THE_WAY_S)
-                reads = [metrics(w.port, "vllm:num_requests_running", "vllm:num_requests_waiting") for w in self.workers]
+                reads = [metrics(w.port, *FIGURES) for w in self.workers]
                 engine, waiting = (sum(int(r[i]) for r in reads) for i in (0, 1))
-                self.samples.append(Sample(at, self.cp.queued(), held, engine, waiting, len(unstarted), arriving))
+                kv, preempted = max(r[2] for r in reads), sum(r[3] for r in reads)
+                self.samples.append(Sample(at, self.cp.queued(), held, engine, waiting, len(unstarted), arriving, kv, preempted))
                 self._stop.wait(SAMPLE_S)
 
         thread = threading.Thread(target=loop, daemon=True)
@@ -176,6 +181,9 @@ def burst(cp: ControlPlane, worker: Worker) -> dict[str, Any]:
     }
 
 
+TRACE_DIR: Path | None = None  # --trace: each feed's samples as JSON lines there
+
+
 def feed(cp: ControlPlane, workers: list[Worker], rate_per_min: float, seconds: float, drain_s: float = 240.0) -> dict[str, Any]:
     run = Run(cp, workers)
     before = {w.label: metric(w.port, "vllm:request_success_total") for w in workers}
@@ -212,6 +220,11 @@ def feed(cp: ControlPlane, workers: list[Worker], rate_per_min: float, seconds: 
                 break
         split = {w.label: int(metric(w.port, "vllm:request_success_total") - before[w.label]) for w in workers}
         split["taken"] = len(taken)
+    second = [s for s in run.samples if half <= s.at <= end]
+    if TRACE_DIR is not None:
+        TRACE_DIR.mkdir(parents=True, exist_ok=True)
+        trace = TRACE_DIR / f"{'+'.join(w.label for w in workers)}-{time.strftime('%H%M%S')}.jsonl"
+        trace.write_text("".join(json.dumps({**asdict(s), "at": round(s.at - start, 2)}) + "\n" for s in run.samples))
     queue = [(round(s.at - start), s.queued) for s in run.samples]
     every = max(1, len(queue) // 12)
     return {
@@ -220,6 +233,10 @@ def feed(cp: ControlPlane, workers: list[Worker], rate_per_min: float, seconds: 
         "completed_per_min_second_half": round(60 * done / (end - half), 1),
         # Completions come in lumps (requests started together end together); the tokens are smooth.
         "generated_tokens_per_s_second_half": round(tokens_per_s, 1),
+        # What the engine ran over the feed's second half: its generated tokens follow the mean running.
+        "engine_running_mean_second_half": round(sum(s.running for s in second) / max(1, len(second)), 2),
+        "kv_cache_usage_mean_second_half": round(sum(s.kv for s in second) / max(1, len(second)), 3),
+        "preemptions_second_half": int(second[-1].preemptions - second[0].preemptions) if second else None,
         "platform_queue_over_time": [f"{t}s:{q}" for t, q in queue[::every]],
         "engine_running_over_time": [f"{round(s.at - start)}s:{s.running}" for s in run.samples[::every]],
         "taken_not_running_p95": p95([float(s.held - s.running) for s in run.samples if s.queued > 0]),
@@ -250,7 +267,10 @@ def main() -> int:
     parser.add_argument("--no-burst", action="store_true", help="feeds only (needs --rate)")
     parser.add_argument("--skip-fixed", action="store_true", help="no fixed worker (needs --rate; no ratio)")
     parser.add_argument("--pairs", type=int, default=1, help="fixed and capacity-aware feeds, alternated this many times")
+    parser.add_argument("--trace", type=Path, help="write each feed's samples (every SAMPLE_S) as JSON lines to this folder")
     args = parser.parse_args()
+    global TRACE_DIR
+    TRACE_DIR = args.trace
     if not engine_env.VLLM_BIN.exists():
         print(f"{engine_env.VLLM_BIN} is missing: run `bash scripts/setup.sh`", file=sys.stderr)
         return 2

@@ -39,7 +39,8 @@ HELPS = (
 
 def metrics(running: int = 0, waiting: int = 0, kv: float | None = 0.1, preemptions: int = 0, prompt: int = 0,
             generated: int = 0, queries: int = 0, hits: int = 0, finished: int = 0, finished_prompt: int = 0,
-            finished_generated: int = 0, cache_info: str | None = CACHE_INFO, model: str = "org/model") -> str:
+            finished_generated: int = 0, finished_seconds: float = 0.0, cache_info: str | None = CACHE_INFO,
+            model: str = "org/model") -> str:
     """/metrics as vLLM 0.32 serves it for one engine (kv=None: without the KV cache gauge)."""
     labels = f'{{engine="0",model_name="{model}"}}'
     lines = []
@@ -66,6 +67,8 @@ def metrics(running: int = 0, waiting: int = 0, kv: float | None = 0.1, preempti
         f"vllm:request_prompt_tokens_sum{labels} {float(finished_prompt)}",
         f"vllm:request_generation_tokens_count{labels} {float(finished)}",
         f"vllm:request_generation_tokens_sum{labels} {float(finished_generated)}",
+        f"vllm:request_inference_time_seconds_count{labels} {float(finished)}",
+        f"vllm:request_inference_time_seconds_sum{labels} {float(finished_seconds)}",
     ]
     return "\n".join(lines) + "\n"
 
@@ -190,15 +193,23 @@ def test_one_prefix_cache_query_is_a_hit_rate() -> None:
 # --- engine_now: what the intake decision reads ---
 
 
-def test_the_intake_reads_a_first_read_with_no_preemptions_and_no_length_yet() -> None:
+def test_the_intake_reads_a_first_read_with_no_preemptions_and_what_finished_since_the_engine_started() -> None:
     first = sample(1.0, running=2, waiting=1, kv=0.5, preemptions=4)
-    assert engine_load.engine_now(first, None) == EngineNow(2, 1, 0.5, preempted=0, request_tokens=None, kv_tokens=4096, block_size=128)
+    assert engine_load.engine_now(first, None) == EngineNow(2, 1, 0.5, preempted=0, kv_tokens=4096, block_size=128)
+    done = sample(1.0, running=2, finished=2, finished_prompt=84, finished_generated=1200, finished_seconds=24.5)
+    assert engine_load.engine_now(done, None) == EngineNow(
+        2, 0, 0.1, finished=2, prompt_tokens=84, generated_tokens=1200, engine_seconds=24.5, kv_tokens=4096, block_size=128
+    )
 
 
-def test_the_intake_reads_the_preemptions_since_the_last_read_and_one_finished_request_as_a_length() -> None:
-    before = sample(1.0, running=2, preemptions=4)
-    now = sample(2.0, running=3, kv=0.9, preemptions=7, finished=1, finished_prompt=300, finished_generated=12)
-    assert engine_load.engine_now(now, before) == EngineNow(3, 0, 0.9, preempted=3, request_tokens=312.0, kv_tokens=4096, block_size=128)
+def test_the_intake_reads_the_preemptions_and_the_requests_finished_since_the_last_read() -> None:
+    before = sample(1.0, running=2, preemptions=4, finished=3, finished_prompt=100, finished_generated=50, finished_seconds=1.5)
+    now = sample(2.0, running=3, kv=0.9, preemptions=7, finished=4, finished_prompt=400, finished_generated=62, finished_seconds=2.75)
+    assert engine_load.engine_now(now, before) == EngineNow(
+        3, 0, 0.9, preempted=3, finished=1, prompt_tokens=300, generated_tokens=12, engine_seconds=1.25, kv_tokens=4096,
+        block_size=128,
+    )
+    assert now.finished_engine_seconds == 2.75  # a sum of seconds stays a fraction
 
 
 def test_the_intake_counts_no_preemptions_across_an_engine_restart() -> None:
@@ -307,41 +318,39 @@ def test_a_stale_read_says_its_age_to_a_tenth_of_a_second_and_has_no_rates_over_
 BOUNDS = Bounds(max_concurrency=30, kv_tokens=4096, max_model_len=2048)  # starts at 3
 
 
-def test_the_intake_decides_at_the_reads_own_times() -> None:
+def test_the_intake_reads_the_requests_finished_between_its_reads() -> None:
     gate: intake.Intake
-    gate = intake.Intake(lambda: BOUNDS, held=lambda: gate.value)  # the worker holds all it may take
+    gate = intake.Intake(lambda: BOUNDS, held=lambda: 3)
     watch = engine_load.LoadWatch("127.0.0.1", 1, lambda: DEFAULTS, 30, clock=lambda: 0.0, intake=gate)
-    limits = []
-    # 3 running, requests of 100 tokens so far: room for 36 more; growth waits GROW_EVERY_S (2 s) after a change.
-    for at in (10.0, 11.0, 12.5):
-        watch.feed_intake(sample(at, running=3, finished=4, finished_prompt=300, finished_generated=100))
-        limits.append(gate.value)
-    assert limits == [6, 6, 12]
+    # 4 finished before the first read: 75 + 25 tokens, 2 s each. Then one more of 1,075 tokens and 4 s.
+    watch.feed_intake(sample(10.0, running=3, finished=4, finished_prompt=300, finished_generated=100, finished_seconds=8.0))
+    assert gate.status()["recent_requests"] == {"prompt_tokens": 75.0, "generated_tokens": 25.0, "engine_seconds": 2.0}
+    watch.feed_intake(sample(11.0, running=3, finished=5, finished_prompt=375, finished_generated=1100, finished_seconds=12.0))
+    assert gate.status()["recent_requests"] == {"prompt_tokens": 75.0, "generated_tokens": 122.5, "engine_seconds": 2.2}
     assert gate.status()["engine"] == {
-        "running": 3, "waiting": 0, "kv_cache_usage": 0.1, "preempted_since_last_read": 0, "request_tokens": 100.0,
-        "held_by_worker": 6,
+        "running": 3, "waiting": 0, "kv_cache_usage": 0.1, "preempted_since_last_read": 0, "held_by_worker": 3,
     }
 
 
-def test_the_intake_lowers_the_limit_by_the_preemptions_since_its_last_read() -> None:
-    gate: intake.Intake
-    gate = intake.Intake(lambda: BOUNDS, held=lambda: gate.value)  # the worker holds all it may take
+def test_the_intake_shows_the_preemptions_since_its_last_read() -> None:
+    gate = intake.Intake(lambda: BOUNDS, held=lambda: 3)
     watch = engine_load.LoadWatch("127.0.0.1", 1, lambda: DEFAULTS, 30, intake=gate)
     watch.feed_intake(sample(10.0, running=3, preemptions=1, finished=4, finished_prompt=300, finished_generated=100))
-    assert gate.value == 6
     watch.feed_intake(sample(11.0, running=3, waiting=2, kv=0.97, preemptions=3, finished=4, finished_prompt=300,
                              finished_generated=100))
     status = gate.status()
-    assert status["limit"] == 4 and status["engine"]["preempted_since_last_read"] == 2
-    assert status["reason"] == "the engine preempted 2 request(s) (3 running, 2 waiting, KV cache 97% used): 2 fewer"
+    assert status["limit"] == 3 and status["engine"]["preempted_since_last_read"] == 2
+    assert status["reason"].startswith("3 running, 2 waiting, KV cache 97% used: the KV cache holds 0 more request(s)")
+    assert status["reason"].endswith(" (2 preempted since the last read)")
 
 
 def test_an_answer_without_figures_puts_the_intake_at_max_concurrency() -> None:
     gate = intake.Intake(lambda: BOUNDS)
     watch = engine_load.LoadWatch("127.0.0.1", 1, lambda: DEFAULTS, 30, clock=lambda: 50.0, intake=gate)
     watch.feed_intake(None)
-    assert gate.status() == {"adaptive": True, "limit": 30, "max_concurrency": 30, "reason": intake.NO_FIGURES_REASON,
-                             "engine": None, "left_in_platform_queue": 0}
+    assert gate.status() == {"adaptive": True, "limit": 30, "paced_up_to": None, "pace_seconds": None, "max_concurrency": 30,
+                             "reason": intake.NO_FIGURES_REASON, "engine": None, "recent_requests": None,
+                             "left_in_platform_queue": 0}
 
 
 # --- read, against a real endpoint ---
@@ -447,8 +456,7 @@ def test_with_an_adaptive_intake_the_watch_reads_every_intake_poll_and_warns_eve
     # Taken for the warning: reads 1 and 5 (4 steps apart), not 6.
     assert watch.last is not None and (watch.last.at, watch.last.running) == (5 * STEP, 5)
     assert gate.status()["engine"] == {
-        "running": 6, "waiting": 0, "kv_cache_usage": 0.1, "preempted_since_last_read": 0, "request_tokens": None,
-        "held_by_worker": 0,
+        "running": 6, "waiting": 0, "kv_cache_usage": 0.1, "preempted_since_last_read": 0, "held_by_worker": 0,
     }
 
 

@@ -192,17 +192,57 @@ def test_with_the_patch_a_full_worker_that_is_stopping_does_not_wait_for_room(
     assert not loop.errors
 
 
-def test_the_modifier_is_the_intakes_limit_or_the_fixed_one(sdk_set_scale: None) -> None:
+def test_the_modifier_is_what_the_intake_allows_now_or_the_fixed_limit(sdk_set_scale: None) -> None:
     class Gate:
         adaptive = True
-        value = 3
+        now = 3
         held: Any = None
+
+        def allowed_now(self) -> int:
+            return self.now
 
     gate = Gate()
     modifier = platform.concurrency_modifier(gate, 30)
     assert modifier(1) == 3
-    gate.value = 5
+    gate.now = 5  # asked again before every take: the clock and the jobs held count at each ask
     assert modifier(3) == 5 and gate.held is platform.held_jobs and gate.held() == 0
     gate.adaptive = False
     assert platform.concurrency_modifier(gate, 30)(5) == 30
     assert platform.concurrency_modifier(None, 30)(5) == 30
+
+
+def test_with_the_patch_a_paced_intake_lets_the_loop_take_one_job_a_pace_apart_and_start_every_job_it_took(
+    sdk_set_scale: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The real Intake, its clock the test's: room for 2, then one more every 5 s up to 4. runpod's loop
+    # starts a taken job only while it runs fewer than the modifier's figure, so the figure never drops
+    # below the jobs held: each job taken is started at once.
+    from vllm_worker.serving import intake
+
+    monkeypatch.setattr(rp_scale, "asyncio", SlowFullSleep())
+    clock = [0.0]
+    gate = intake.Intake(lambda: intake.Bounds(30, 4096, 2048), clock=lambda: clock[0])
+    limit = intake.Limit(2, "x", target=4, pace_s=5.0)
+    gate._limit = limit
+    loop = Loop(limit=0)
+    loop.scaler.concurrency_modifier = platform.concurrency_modifier(gate, 30)
+
+    async def scenario() -> None:
+        await loop.until(lambda: len(loop.running) == 2)
+        assert loop.taken == ["job-0", "job-1"]  # the room, at once, at 0 s
+        clock[0] = 4.9
+        await asyncio.sleep(0.3)
+        assert len(loop.taken) == 2  # a pace counts from the last time more were allowed
+        clock[0] = 5.0
+        await loop.until(lambda: len(loop.running) == 3)
+        clock[0] = 9.0
+        await asyncio.sleep(0.3)
+        assert len(loop.taken) == 3  # within the pace: nothing
+        clock[0] = 10.5
+        await loop.until(lambda: len(loop.running) == 4)
+        clock[0] = 20.0
+        await asyncio.sleep(0.3)
+        assert len(loop.taken) == 4 and len(loop.running) == 4  # at the target
+
+    asyncio.run(run_loop(loop, scenario))
+    assert not loop.errors

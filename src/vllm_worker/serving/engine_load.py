@@ -59,6 +59,8 @@ _COUNTERS = {
     "vllm:request_generation_tokens_sum": "finished_generation_tokens",
     "vllm:request_prompt_tokens_count": "finished_requests",
 }
+# A histogram's sum in seconds: kept as a float.
+_SECONDS = {"vllm:request_inference_time_seconds_sum": "finished_engine_seconds"}
 NO_STATS = (
     "the engine's /metrics has no vllm:num_requests_running: vLLM keeps no statistics "
     "with DISABLE_LOG_STATS=true"
@@ -84,6 +86,7 @@ class Sample:
     finished_prompt_tokens: int = 0
     finished_generation_tokens: int = 0
     finished_requests: int = 0
+    finished_engine_seconds: float = 0.0  # their time in the engine, summed (vllm:request_inference_time_seconds)
     kv_tokens: int | None = None  # from vllm:cache_config_info
     block_size: int | None = None  # from vllm:cache_config_info
 
@@ -123,7 +126,7 @@ def parse(text: str, at: float) -> Sample | None:
             continue
         ends = [i for i in (line.find("{"), line.find(" ")) if i >= 0]
         name = line[: min(ends)] if ends else line
-        field = _GAUGES.get(name) or _COUNTERS.get(name)
+        field = _GAUGES.get(name) or _COUNTERS.get(name) or _SECONDS.get(name)
         if field is None:
             continue
         try:
@@ -143,6 +146,7 @@ def parse(text: str, at: float) -> Sample | None:
         at=at,
         kv_cache_usage=max(kv) if kv else 0.0,
         **{field: int(values.get(field, 0.0)) for field in ("running", "waiting", *_COUNTERS.values())},
+        finished_engine_seconds=values.get("finished_engine_seconds", 0.0),
         kv_tokens=_kv_tokens(cache),
         block_size=_block_size(cache),
     )
@@ -185,18 +189,26 @@ def _same_engine(previous: Sample | None, current: Sample) -> bool:
 
 
 def engine_now(current: Sample | None, previous: Sample | None) -> intake.EngineNow | None:
-    """What the intake decision reads of one sample: the gauges, preemptions since `previous` (the same
-    engine's), and the mean length (prompt + generated tokens) of the requests finished so far."""
+    """What the intake decision reads of one sample: the gauges, and since `previous` (the same engine's;
+    since the engine started when there is none) the preemptions and the requests finished, with their
+    tokens and time in the engine."""
     if current is None:
         return None
     base = previous if _same_engine(previous, current) else None
-    finished = current.finished_requests
+
+    def since(name: str) -> float:
+        value: float = getattr(current, name)
+        return value - getattr(base, name) if base is not None else value
+
     return intake.EngineNow(
         running=current.running,
         waiting=current.waiting,
         kv_cache_usage=current.kv_cache_usage,
-        preempted=current.preemptions - base.preemptions if base is not None else 0,
-        request_tokens=(current.finished_prompt_tokens + current.finished_generation_tokens) / finished if finished > 0 else None,
+        preempted=int(since("preemptions")) if base is not None else 0,
+        finished=int(since("finished_requests")),
+        prompt_tokens=since("finished_prompt_tokens"),
+        generated_tokens=since("finished_generation_tokens"),
+        engine_seconds=since("finished_engine_seconds"),
         kv_tokens=current.kv_tokens,
         block_size=current.block_size,
     )

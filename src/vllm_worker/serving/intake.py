@@ -1,32 +1,33 @@
-"""How many jobs the worker asks the platform for now: as many as the engine can start, up to MAX_CONCURRENCY.
+"""How many jobs the worker asks the platform for now: what the engine can start, up to MAX_CONCURRENCY.
 
 Why: Runpod's Queue Delay scaler adds workers when jobs wait in the endpoint's queue; it sees only
 jobs no worker has taken. A worker that takes MAX_CONCURRENCY jobs whatever its engine can run
 hides the overflow in vLLM's own waiting queue (worker-vllm #36: "Queued amount is always 0"), so no
-worker is added. Here the limit follows the engine, read from vLLM's /metrics every POLL_S:
+worker is added. Here what the worker takes follows the engine, read from vLLM's /metrics every POLL_S,
+and the clock at each take:
 
-- A preemption since the last read: the limit let in more than the KV cache holds. It drops by the
-  preempted count (at least one, never below what runs, nor 1): not to what runs at that read, which
-  just after a batch that started together has ended is a few, and would leave the engine half
-  empty for many seconds (measured: running 1 to 4 for 15 s with 24 jobs queued).
-- Requests waiting inside vLLM in two reads in a row: the engine is full. The limit drops at once to
-  what it runs +1, never below 1. One read with a request waiting is a request that arrived between
-  two scheduler steps.
-- No request waiting, the KV cache under KV_HIGH, and the worker using its whole limit: the limit
-  grows, at most once every GROW_EVERY_S and not within HOLD_S of a drop (so it does not flap), by
-  the requests the KV cache holds to their end: the capacity plan's KV tokens, less what the
-  running requests will need at their end (each as long as the requests' length: the mean prompt
-  plus generated tokens of the requests finished so far, MAX_MODEL_LEN before any has, in whole KV
-  cache blocks), against that length, less the jobs taken and not yet in the engine; at most
-  doubling, and past what the engine ran when it was last full (+1) one at a time. When that is
-  under one request, by one every PROBE_EVERY_S (requests that end at different times need less:
-  vLLM's waiting queue and preemptions say when they do not); by 1 when the KV cache size is unknown.
-- Otherwise the limit holds.
+- Room: the requests the KV cache holds to their end beside what runs are taken at once (each as long
+  as the recent requests, their prompt plus generated tokens in whole KV cache blocks, MAX_MODEL_LEN
+  before any has finished; each running one counted at that length too, or at what the cache holds
+  now if more). A light load never waits.
+- Full use, paced: past that room the cache holds more, since requests started at different times are
+  at different lengths: on average its KV tokens over what a recent request holds over its life (the
+  prompt, half the generated tokens, half a block), the target, to the nearest request (a little over
+  it vLLM preempts at the peaks, under it the cache runs emptier). Up to the target the worker takes
+  one more job at a time, a pace apart (a recent request's time in the engine over that average), and
+  none while requests wait inside vLLM (what waits there was preempted, or cannot start). A worker
+  that held its target within a request's time refills a drained room paced too. Why paced: requests
+  started together end together, so an engine refilled in one go runs in lockstep, its cache about
+  half empty between batches (measured on vLLM's CPU engine: 6.5 requests running where a worker that
+  gives vLLM every job keeps 10.1, and 0.70 of its tokens a second); started a pace apart, their ends
+  spread and the cache stays nearly as full as vLLM keeps it with a queue, without the queue.
+- Nothing known of the KV cache's size: up to MAX_CONCURRENCY.
 
-The first limit is what the KV cache holds of requests as long as MAX_MODEL_LEN (+1), so a worker
-that starts with a full platform queue does not take MAX_CONCURRENCY jobs at once.
-`decide` is pure; `Intake` keeps the current limit for the job loop (serving.platform) and the
-status job, and logs a change at most once every LOG_EVERY_S.
+Recent requests: means over those finished so far, each earlier one weighing KEEP as much per request
+finished after it, so they follow a change of the jobs within tens of requests. `decide` (each read)
+and `allowed` (each take) are pure; `Intake` keeps the latest decision for the job loop
+(serving.platform asks `allowed_now` before every take) and the status job, and logs a change at most
+once every LOG_EVERY_S.
 """
 
 from __future__ import annotations
@@ -34,19 +35,18 @@ from __future__ import annotations
 import logging
 import math
 import threading
-from dataclasses import dataclass, replace
+import time
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 log = logging.getLogger("vllm_worker")
 
 POLL_S = 1.0
-GROW_EVERY_S = 2.0
-PROBE_EVERY_S = 20.0
-HOLD_S = 5.0
-KV_HIGH = 0.9
+KEEP = 0.9
 LOG_EVERY_S = 30.0
 OFF_REASON = "adaptation is off (ADAPTIVE_CONCURRENCY=false): the worker takes up to MAX_CONCURRENCY jobs"
 NO_FIGURES_REASON = "the engine gives no load figures (vLLM keeps none with DISABLE_LOG_STATS=true): up to MAX_CONCURRENCY"
+NO_KV_REASON = "the KV cache's size is unknown (neither the capacity plan nor vLLM gives it): up to MAX_CONCURRENCY"
 
 
 @dataclass(frozen=True)
@@ -66,47 +66,78 @@ class EngineNow:
     waiting: int
     kv_cache_usage: float  # a fraction
     preempted: int = 0  # since the previous read
-    request_tokens: float | None = None  # mean prompt + generated tokens of the requests finished so far
+    finished: int = 0  # requests finished since the previous read
+    prompt_tokens: float = 0.0  # their prompt tokens, summed
+    generated_tokens: float = 0.0  # their generated tokens, summed
+    engine_seconds: float = 0.0  # their time in the engine, summed (vLLM's inference time: first scheduled to last token)
     kv_tokens: int | None = None  # the KV cache's size as vLLM's cache_config_info gives it (when the plan has none)
     block_size: int | None = None  # the tokens of one KV cache block, from the same labels
 
 
 @dataclass(frozen=True)
+class Recent:
+    """Means of the requests finished so far, the later ones weighing more (KEEP)."""
+
+    prompt: float
+    generated: float
+    engine_seconds: float
+
+    @property
+    def length(self) -> float:
+        return self.prompt + self.generated
+
+
+def recent(before: Recent | None, now: EngineNow) -> Recent | None:
+    """`before` with the requests `now` says finished since."""
+    if now.finished <= 0:
+        return before
+    n = now.finished
+    means = Recent(now.prompt_tokens / n, now.generated_tokens / n, now.engine_seconds / n)
+    if before is None:
+        return means
+    keep = KEEP**n
+    return Recent(*(keep * old + (1 - keep) * new for old, new in zip(
+        (before.prompt, before.generated, before.engine_seconds), (means.prompt, means.generated, means.engine_seconds)
+    )))
+
+
+@dataclass(frozen=True)
 class Limit:
-    """The current limit, why, and what the next decision needs to remember."""
+    """One decision: the jobs the engine can start now, how far and how fast past that, and why."""
 
-    value: int
+    value: int  # jobs held at once that the engine can start at once (the room)
     reason: str
-    changed_at: float | None = None  # when the value last changed (None: never)
-    dropped_at: float | None = None  # when it last went down
-    waited_before: bool = False  # requests were waiting at the previous read
-    ceiling: int | None = None  # what the engine ran the last time it was full
+    target: int | None = None  # jobs held at once that the KV cache holds at full use: paced up to
+    pace_s: float | None = None  # seconds between two paced takes
+    waiting: bool = False  # requests waited inside the engine at this read: no paced take
+    recent: Recent | None = None
 
 
-def _fit(kv_tokens: int | None, request_tokens: float | None) -> int | None:
-    if not kv_tokens or not request_tokens or request_tokens <= 0:
-        return None
-    return max(0, math.floor(kv_tokens / request_tokens))
+def _blocks(tokens: float, block: int) -> int:
+    """`tokens` in whole KV cache blocks, one at least (vLLM gives the cache out in blocks of `block` tokens:
+    16 on a GPU, 128 on its CPU backend, where a request of 642 tokens holds 768)."""
+    return max(1, math.ceil(tokens / block - 1e-9)) * block
 
 
-def _room(now: EngineNow, held: int, kv_tokens: int | None, length: float | None) -> int | None:
-    """Requests of `length` tokens the KV cache holds to their end beside the running ones (each of which
-    will need `length` too, or what it holds now if more), less the jobs taken and not yet in the engine.
-    A request holds whole blocks: vLLM gives the cache out in blocks of `block_size` tokens (16 on a GPU,
-    128 on its CPU backend, where a request of 642 tokens holds 768)."""
-    if not kv_tokens or not length or length <= 0:
-        return None
-    block = now.block_size if now.block_size and now.block_size > 0 else 1
-    need = math.ceil(length / block - 1e-9) * block
+def room(now: EngineNow, kv_tokens: int, length: float) -> int:
+    """Requests of `length` tokens the KV cache holds to their end beside the running ones (each of which will
+    need `length` too, or what the cache holds now if more)."""
+    need = _blocks(length, now.block_size or 1)
     free = kv_tokens - max(kv_tokens * now.kv_cache_usage, now.running * need)
-    return math.floor(free / need + 1e-9) - max(0, held - now.running)
+    return max(0, math.floor(free / need + 1e-9))
+
+
+def held_on_average(kv_tokens: int, recent: Recent, block: int) -> float:
+    """Requests like the recent ones the KV cache holds on average at full use: each holds its prompt and, over
+    its life, half its generated tokens on average, and half a block more for the last one it fills."""
+    return kv_tokens / (recent.prompt + recent.generated / 2 + block / 2)
 
 
 def first(bounds: Bounds) -> Limit:
     """The limit before the engine has said anything: what the KV cache holds of full-length requests, +1."""
-    fit = _fit(bounds.kv_tokens, bounds.max_model_len)
-    if fit is None:
-        return Limit(bounds.max_concurrency, "the capacity plan gives no KV cache size: up to MAX_CONCURRENCY")
+    if not bounds.kv_tokens or not bounds.max_model_len:
+        return Limit(max(1, bounds.max_concurrency), "the capacity plan gives no KV cache size: up to MAX_CONCURRENCY")
+    fit = bounds.kv_tokens // bounds.max_model_len
     value = max(1, min(bounds.max_concurrency, fit + 1))
     return Limit(
         value,
@@ -119,62 +150,53 @@ def _figures(now: EngineNow) -> str:
     return f"{now.running} running, {now.waiting} waiting, KV cache {now.kv_cache_usage:.0%} used"
 
 
-def decide(current: Limit, now: EngineNow | None, held: int, bounds: Bounds, at: float) -> Limit:
-    """The limit after one read of the engine; `held`: jobs the worker has taken and not yet answered."""
+def decide(current: Limit, now: EngineNow | None, bounds: Bounds) -> Limit:
+    """The limit after one read of the engine."""
     top = max(1, bounds.max_concurrency)
     if now is None:
-        return _set(current, top, NO_FIGURES_REASON, at, waited=False)
-    waited = now.waiting > 0
+        return Limit(top, NO_FIGURES_REASON, recent=current.recent)
+    lately = recent(current.recent, now)
+    waiting = now.waiting > 0
+    kv = bounds.kv_tokens or now.kv_tokens
+    length = lately.length if lately is not None else bounds.max_model_len
+    if not kv or not length or length <= 0:
+        return Limit(top, NO_KV_REASON, waiting=waiting, recent=lately)
+    fits = room(now, kv, length)
+    value = max(1, min(top, now.running + fits))
+    reason = f"{_figures(now)}: the KV cache holds {fits} more request(s) of {length:,.0f} tokens to their end"
+    target = pace = None
+    if lately is not None and lately.engine_seconds > 0:
+        block = now.block_size or 1
+        average = held_on_average(kv, lately, block)
+        target = max(value, min(top, math.floor(average + 0.5)))
+        if target > value:
+            pace = lately.engine_seconds / average
+            reason += (
+                f"; {average:.1f} on average at full use: one more every {pace:.2f} s up to {target}"
+                + (" once no request waits inside the engine" if waiting else "")
+            )
     if now.preempted > 0:
-        # The limit let in more than the KV cache holds: that many fewer (at least one). Not down to what
-        # runs at this read: requests started together end together, and a read just after a batch ended
-        # would cut the limit to the few still running and leave the engine half empty for many seconds.
-        target = max(1, min(top, current.value - 1, max(now.running, current.value - now.preempted)))
-        cause = f"the engine preempted {now.preempted} request(s) ({_figures(now)})"
-        return _lower(current, target, target, cause, f"{current.value - target} fewer", at, waited)
-    if waited and current.waited_before:
-        target = max(1, min(top, now.running + 1))
-        cause = f"requests wait inside the engine ({_figures(now)})"
-        return _lower(current, target, now.running, cause, "taking what it runs +1", at, waited)
-    if waited or now.kv_cache_usage >= KV_HIGH or held < current.value or current.value >= top:
-        return replace(current, waited_before=waited)
-    if current.changed_at is not None and at - current.changed_at < GROW_EVERY_S:
-        return replace(current, waited_before=waited)
-    if current.dropped_at is not None and at - current.dropped_at < HOLD_S:
-        return replace(current, waited_before=waited)
-    length = now.request_tokens or bounds.max_model_len
-    room = _room(now, held, bounds.kv_tokens or now.kv_tokens, length)
-    if room is None:
-        step, why = 1, "the engine has room"
-    elif room >= 1:
-        step = min(room, current.value)
-        why = f"the KV cache holds about {room} more request(s) of {length:,.0f} tokens to their end"
-    elif current.changed_at is None or at - current.changed_at >= PROBE_EVERY_S:
-        # Requests that end at different times need less than that: one more, slowly, while vLLM copes.
-        step, why = 1, "the engine copes with what it runs: one more"
-    else:
-        return replace(current, waited_before=waited)
-    target = min(top, current.value + step)
-    if current.ceiling is not None and target > current.ceiling + 1:
-        # Past what the engine ran when it was last full: one more at a time.
-        target = min(target, max(current.ceiling + 1, current.value + 1))
-    return _set(current, target, f"{why} ({_figures(now)})", at, waited)
+        reason += f" ({now.preempted} preempted since the last read)"
+    return Limit(value, reason, target, pace, waiting, lately)
 
 
-def _lower(current: Limit, target: int, ceiling: int, cause: str, how: str, at: float, waited: bool) -> Limit:
-    """The engine is full: down to `target` (`how`), or holding if the limit is already that low; the
-    growth ceiling is `ceiling` from now on."""
-    full = replace(current, ceiling=ceiling)
-    if target < current.value:
-        return _set(full, target, f"{cause}: {how}", at, waited)
-    return _set(full, current.value, f"{cause}: holding", at, waited)
+def allowed(limit: Limit, held: int, last_take: float | None, at: float, full_at: float | None = None) -> int:
+    """Jobs the worker may hold at `at`, having `held`, having last been allowed more at `last_take` and last
+    held its target at `full_at`.
 
-
-def _set(current: Limit, value: int, reason: str, at: float, waited: bool) -> Limit:
-    if value == current.value:
-        return replace(current, reason=reason, waited_before=waited)
-    dropped = at if value < current.value else current.dropped_at
-    return replace(current, value=value, reason=reason, changed_at=at, dropped_at=dropped, waited_before=waited)
+    Past the room, one more at a time, a pace apart. Within the room, all at once, unless the worker held
+    its target less than a request's time in the engine ago: a worker that is kept full refills paced too,
+    or the requests a drained engine takes back together would end together again.
+    Never fewer than it holds: runpod 1.12's job loop starts a job it has taken only while it runs fewer
+    than this figure, so a figure below `held` would leave a taken job unstarted in the worker."""
+    target, pace = limit.target, limit.pace_s
+    if target is None or pace is None:
+        return max(held, limit.value)
+    busy = full_at is not None and limit.recent is not None and at - full_at < limit.recent.engine_seconds
+    if held < limit.value and not busy:
+        return limit.value
+    due = last_take is None or at - last_take >= pace
+    return held + 1 if due and held < target and not limit.waiting else held
 
 
 def bounds_from(status: Mapping[str, Any], max_concurrency: int) -> Bounds:
@@ -191,21 +213,31 @@ def bounds_from(status: Mapping[str, Any], max_concurrency: int) -> Bounds:
 
 
 class Intake:
-    """The worker's current limit: decided in the load watch's thread, read by the job loop and the status job.
+    """The worker's current limit: decided in the load watch's thread at each read, asked by the job loop
+    before each take (`allowed_now`) and by the status job.
 
     adaptive=False: MAX_CONCURRENCY always, as before this existed.
     """
 
-    def __init__(self, bounds: Callable[[], Bounds], adaptive: bool = True, held: Callable[[], int] = lambda: 0) -> None:
+    def __init__(
+        self,
+        bounds: Callable[[], Bounds],
+        adaptive: bool = True,
+        held: Callable[[], int] = lambda: 0,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
         self.bounds = bounds
         self.adaptive = adaptive
         self.held = held  # set by serving.platform once the job loop runs
+        self.clock = clock or time.monotonic
         self._lock = threading.Lock()
         start = bounds()
         self._limit = first(start) if adaptive else Limit(max(1, start.max_concurrency), OFF_REASON)
+        self._last_take: float | None = None
+        self._full_at: float | None = None
         self._engine: dict[str, Any] | None = None
         self._logged_at: float | None = None
-        self._logged_value = self._limit.value
+        self._logged = (self._limit.value, self._limit.target)
         self._changes = 0
 
     @property
@@ -219,35 +251,57 @@ class Intake:
         held = self.held()
         with self._lock:
             before = self._limit
-            self._limit = decide(before, now, held, self.bounds(), at)
+            self._limit = decide(before, now, self.bounds())
             self._engine = None if now is None else {
                 "running": now.running,
                 "waiting": now.waiting,
                 "kv_cache_usage": round(now.kv_cache_usage, 4),
                 "preempted_since_last_read": now.preempted,
-                "request_tokens": None if now.request_tokens is None else round(now.request_tokens, 1),
                 "held_by_worker": held,
             }
             after = self._limit
-        if after.value != before.value:
+        if (after.value, after.target) != (before.value, before.target):
             self._changes += 1
-        if after.value != self._logged_value and (self._logged_at is None or at - self._logged_at >= LOG_EVERY_S):
+        if (after.value, after.target) != self._logged and (self._logged_at is None or at - self._logged_at >= LOG_EVERY_S):
             since = f"; {self._changes} changes since the last line" if self._changes > 1 else ""
-            log.info("taking up to %d job(s) at once (was %d%s): %s", after.value, self._logged_value, since, after.reason)
-            self._logged_at, self._logged_value, self._changes = at, after.value, 0
+            paced = f", then one at a time up to {after.target}" if after.target is not None and after.target > after.value else ""
+            log.info("taking up to %d job(s) at once%s (was %d%s): %s", after.value, paced, self._logged[0], since, after.reason)
+            self._logged_at, self._logged, self._changes = at, (after.value, after.target), 0
         return after
+
+    def allowed_now(self) -> int:
+        """What the job loop may hold now (asked before every take): a paced take counts from when it was allowed."""
+        if not self.adaptive:
+            return self._limit.value
+        at, held = self.clock(), self.held()
+        with self._lock:
+            limit = self._limit
+            if limit.target is not None and held >= limit.target:
+                self._full_at = at
+            value = allowed(limit, held, self._last_take, at, self._full_at)
+            if value > held:
+                self._last_take = at
+        return value
 
     def status(self) -> dict[str, Any]:
         """The status job's view: the limit, why, the figures behind it, the slots left to the platform's queue."""
         with self._lock:
             limit, engine = self._limit, self._engine
         top = max(1, self.bounds().max_concurrency)
+        lately = limit.recent
         return {
             "adaptive": self.adaptive,
             "limit": limit.value,
+            "paced_up_to": limit.target,
+            "pace_seconds": None if limit.pace_s is None else round(limit.pace_s, 3),
             "max_concurrency": top,
             "reason": limit.reason,
             "engine": engine,
+            "recent_requests": None if lately is None else {
+                "prompt_tokens": round(lately.prompt, 1),
+                "generated_tokens": round(lately.generated, 1),
+                "engine_seconds": round(lately.engine_seconds, 3),
+            },
             # Jobs a fixed worker would have taken: they stay in the platform's queue, where its scaler sees them.
-            "left_in_platform_queue": max(0, top - limit.value),
+            "left_in_platform_queue": max(0, top - max(limit.value, limit.target or 0)),
         }

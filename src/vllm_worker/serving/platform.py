@@ -333,7 +333,7 @@ def keep_sdk_checks_off() -> None:
 # asks for more at the next take. runpod-python PR #457 (open) removes the wait upstream; once the
 # pinned SDK has it, `patch_set_scale` and its test (tests/unit/test_intake_sdk.py) go.
 PATCHED_RUNPOD = "1.12."
-ROOM_WAIT_S = 1.0
+ROOM_WAIT_S = 30.0
 ROOM_POLL_S = 0.05
 
 
@@ -390,7 +390,7 @@ def concurrency_modifier(intake: Any | None, fixed: int) -> Callable[[int], int]
         return lambda current: fixed
     intake.held = held_jobs
     patch_set_scale()
-    return lambda current: intake.value
+    return lambda current: intake.allowed_now()
 
 
 # ==================================================================================================
