@@ -57,8 +57,9 @@ def test_a_decision_stays_between_one_and_max_concurrency_and_paces_only_past_th
         assert 1 <= limit.value <= top
         if limit.target is not None:
             assert limit.value <= limit.target <= top
-        assert (limit.pace_s is not None) == (limit.target is not None and limit.target > limit.value)
+        assert (limit.pace_s is None) == (limit.target is None)  # both from the recent requests' time in the engine
         assert limit.pace_s is None or limit.pace_s > 0
+        assert ("paced:" in limit.reason) == (limit.target is not None and limit.target > limit.value)
 
 
 @given(st.integers(1, 64), st.integers(0, 70), st.one_of(st.none(), st.floats(0.0, 1e4)), st.floats(0.0, 1e4))
@@ -81,7 +82,7 @@ def test_paced_takes_come_at_least_a_pace_apart(asks: list[tuple[float, int]]) -
     gate = intake.Intake(lambda: BOUNDS, held=lambda: held[0], clock=lambda: clock[0])
     gate.observe(EngineNow(5, 0, 0.9, finished=1, prompt_tokens=42, generated_tokens=600, engine_seconds=12, block_size=128), 0.0)
     limit = gate._limit
-    assert (limit.value, limit.target) == (5, 10) and limit.pace_s == pytest.approx(12 / (4096 / 406))
+    assert (limit.value, limit.target) == (5, 9) and limit.pace_s == pytest.approx(12 / (4096 / 406))
     grants: list[float] = []
     for dt, h in asks:
         clock[0] += dt
@@ -103,10 +104,13 @@ def test_the_room_is_what_the_kv_cache_holds_to_the_end_beside_what_runs() -> No
     assert intake.room(EngineNow(9, 0, 0.2), 4096, 642.0) == 0  # never below none
 
 
-def test_the_cache_holds_on_average_what_a_request_holds_over_its_life() -> None:
-    # The bench: 42 + 600 / 2 + 64 = 406 tokens on average in 4,096 (10 requests, where 5 fit to their end).
+def test_the_cache_holds_on_average_what_a_request_holds_over_its_life_and_at_the_peaks_half_a_request_more() -> None:
+    # The bench: 42 + 600 / 2 + 64 = 406 tokens on average in 4,096 (10 requests, where 5 fit to their end);
+    # at the peaks 300 + 64 more: 9.
     assert intake.held_on_average(4096, BENCH, 128) == pytest.approx(4096 / 406)
     assert intake.held_on_average(4096, BENCH, 16) == pytest.approx(4096 / 350)
+    assert intake.held_at_peaks(4096, BENCH, 128) == pytest.approx((4096 - 364) / 406)
+    assert intake.held_at_peaks(4096, BENCH, 16) == pytest.approx((4096 - 308) / 350)
 
 
 def test_recent_means_follow_the_requests_finished_the_later_ones_weighing_more() -> None:
@@ -126,34 +130,37 @@ def test_before_any_request_finished_the_room_counts_max_model_len_and_nothing_i
     assert limit.reason == "1 running, 0 waiting, KV cache 5% used: the KV cache holds 1 more request(s) of 2,048 tokens to their end"
 
 
-def test_past_the_room_the_worker_is_paced_up_to_what_the_cache_holds_on_average() -> None:
-    # 5 running of the bench's 642 tokens hold 30 of 32 blocks at their end: no room, 10 on average.
+def test_past_the_room_the_worker_is_paced_up_to_what_the_cache_holds_at_the_peaks() -> None:
+    # 5 running of the bench's 642 tokens hold 30 of 32 blocks at their end: no room; 10.1 on average, 9 at the peaks.
     now = EngineNow(5, 0, 0.5, finished=1, prompt_tokens=42, generated_tokens=600, engine_seconds=12, kv_tokens=4096, block_size=128)
     limit = intake.decide(intake.first(Bounds(30)), now, Bounds(30))
-    assert (limit.value, limit.target) == (5, 10) and limit.pace_s == pytest.approx(12 / (4096 / 406))
-    assert limit.reason.endswith("; 10.1 on average at full use: one more every 1.19 s up to 10")
+    assert (limit.value, limit.target) == (5, 9) and limit.pace_s == pytest.approx(12 / (4096 / 406))
+    assert limit.reason.endswith(
+        "; paced: one more every 1.19 s (a recent request's 12.0 s in the engine over the 10.1 the cache holds on average) "
+        "up to 9, what it holds at their peaks"
+    )
     assert intake.allowed(limit, 5, None, 100.0) == 6
     assert intake.allowed(limit, 6, 100.0, 101.0) == 6  # within the pace: what it holds
     assert intake.allowed(limit, 6, 100.0, 101.2) == 7
-    assert intake.allowed(limit, 10, 0.0, 100.0) == 10  # at the target: no more
+    assert intake.allowed(limit, 9, 0.0, 100.0) == 9  # at the target: no more
     assert intake.allowed(limit, 3, 100.0, 100.0) == 5  # under the room: the room, at once
     waiting = intake.decide(limit, EngineNow(5, 1, 0.9, block_size=128, kv_tokens=4096), Bounds(30))
-    assert waiting.waiting and waiting.reason.endswith("up to 10 once no request waits inside the engine")
+    assert waiting.waiting and waiting.reason.endswith("up to 9, what it holds at their peaks, once no request waits inside the engine")
     assert intake.allowed(waiting, 5, None, 200.0) == 5
 
 
-def test_the_target_is_what_the_cache_holds_on_average_to_the_nearest_request_and_at_most_max_concurrency() -> None:
+def test_the_target_is_what_the_cache_holds_at_the_peaks_to_the_nearest_request_and_at_most_max_concurrency() -> None:
     def target(kv: int, top: int = 30) -> int | None:
         now = EngineNow(1, 0, 0.0, finished=1, prompt_tokens=42, generated_tokens=600, engine_seconds=12, block_size=128)
         return intake.decide(Limit(1, "x"), now, Bounds(top, kv, 2048)).target
 
-    assert target(4096) == 10  # 10.09
-    assert target(406 * 10 + 203) == 11  # 10.5: up
-    assert target(406 * 10 + 202) == 10
+    assert target(4096) == 9  # 9.19
+    assert target(406 * 9 + 203 + 364) == 10  # 9.5: up
+    assert target(406 * 9 + 202 + 364) == 9
     assert target(10**6, top=30) == 30
     # Where the room is already the whole target, nothing is paced.
     roomy = intake.decide(Limit(1, "x"), EngineNow(0, 0, 0.0, finished=1, prompt_tokens=10, generated_tokens=10, engine_seconds=1), BOUNDS)
-    assert roomy.value == 30 and roomy.target == 30 and roomy.pace_s is None
+    assert roomy.value == 30 and roomy.target == 30 and "paced" not in roomy.reason
 
 
 def test_without_figures_or_a_kv_cache_size_the_worker_takes_up_to_max_concurrency() -> None:
@@ -180,8 +187,8 @@ def test_the_holder_logs_a_change_at_most_every_log_every_s(caplog: pytest.LogCa
         gate.observe(EngineNow(3, 0, 0.95, block_size=128), 170.0)  # no change: nothing
     lines = [r.getMessage() for r in caplog.records]
     assert [line.split(":")[0] for line in lines] == [
-        "taking up to 5 job(s) at once, then one at a time up to 10 (was 3)",
-        "taking up to 3 job(s) at once, then one at a time up to 10 (was 5; 2 changes since the last line)",
+        "taking up to 5 job(s) at once, then one at a time up to 9 (was 3)",
+        "taking up to 3 job(s) at once, then one at a time up to 9 (was 5; 2 changes since the last line)",
     ]
 
 
@@ -256,7 +263,7 @@ def test_the_status_job_shows_the_limit_the_pace_why_and_the_slots_left_to_the_p
         handler.configure(None)  # type: ignore[arg-type]
     shown = report["intake"]
     assert shown == gate.status()
-    assert (shown["limit"], shown["paced_up_to"], shown["left_in_platform_queue"]) == (5, 10, 20)
+    assert (shown["limit"], shown["paced_up_to"], shown["left_in_platform_queue"]) == (5, 9, 21)
     assert shown["pace_seconds"] == round(12 / (4096 / 406), 3)
     assert shown["recent_requests"] == {"prompt_tokens": 42.0, "generated_tokens": 600.0, "engine_seconds": 12.0}
     assert "1 preempted since the last read" in shown["reason"] and shown["engine"]["waiting"] == 1

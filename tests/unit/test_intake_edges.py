@@ -16,7 +16,7 @@ from vllm_worker.serving.intake import Bounds, EngineNow, Limit, Recent
 
 BOUNDS = Bounds(max_concurrency=30, kv_tokens=4096, max_model_len=2048)
 BENCH = Recent(prompt=42.0, generated=600.0, engine_seconds=12.0)
-# 5 running requests of the bench's 642 tokens on 128-token blocks: no room to the end, 10 on average.
+# 5 running requests of the bench's 642 tokens on 128-token blocks: no room to the end, 10.1 on average, 9 at the peaks.
 FIVE = EngineNow(5, 0, 0.5, finished=1, prompt_tokens=42, generated_tokens=600, engine_seconds=12, block_size=128)
 PACED = Limit(5, "x", target=10, pace_s=1.2, recent=BENCH)
 
@@ -53,7 +53,7 @@ def test_max_concurrency_one_is_a_limit_of_one() -> None:
     one = Bounds(max_concurrency=1, kv_tokens=4096, max_model_len=2048)
     assert intake.decide(Limit(1, "x"), None, one).value == 1
     limit = intake.decide(Limit(1, "x"), FIVE, one)
-    assert (limit.value, limit.target, limit.pace_s) == (1, 1, None)
+    assert (limit.value, limit.target) == (1, 1) and "paced" not in limit.reason
     assert intake.Intake(lambda: one, adaptive=False).value == 1
     gate = intake.Intake(lambda: one)
     assert gate.status()["left_in_platform_queue"] == 0 and gate.status()["max_concurrency"] == 1
@@ -84,17 +84,21 @@ def test_the_paced_reason_says_the_average_the_pace_and_the_target() -> None:
     limit = intake.decide(Limit(5, "x"), FIVE, BOUNDS)
     assert limit.reason == (
         "5 running, 0 waiting, KV cache 50% used: the KV cache holds 0 more request(s) of 642 tokens to their end; "
-        "10.1 on average at full use: one more every 1.19 s up to 10"
+        "paced: one more every 1.19 s (a recent request's 12.0 s in the engine over the 10.1 the cache holds on average) "
+        "up to 9, what it holds at their peaks"
     )
     assert limit.recent == BENCH and not limit.waiting
 
 
-def test_a_target_no_higher_than_the_room_paces_nothing() -> None:
+def test_a_target_no_higher_than_the_room_paces_only_a_worker_kept_full() -> None:
     # The room is 29 (1 running); 4,096 / (10 + 5 + 64) holds 51 on average: capped at 30.
     small = EngineNow(1, 0, 0.0, finished=1, prompt_tokens=10, generated_tokens=10, engine_seconds=1, block_size=128)
     limit = intake.decide(Limit(1, "x"), small, BOUNDS)
-    assert (limit.value, limit.target, limit.pace_s) == (30, 30, None)
-    assert "on average" not in limit.reason
+    assert (limit.value, limit.target) == (30, 30) and limit.pace_s == pytest.approx(1 / (4096 / 79))
+    assert "paced" not in limit.reason
+    assert intake.allowed(limit, 3, 0.0, 0.001) == 30  # not kept full: the room at once
+    assert intake.allowed(limit, 3, 0.0, 0.001, full_at=0.0) == 3  # kept full a moment ago: a pace apart
+    assert intake.allowed(limit, 3, 0.0, 0.02, full_at=0.0) == 4
 
 
 def test_allowed_at_each_boundary() -> None:
@@ -147,15 +151,15 @@ def test_the_holder_before_any_read_and_after_one() -> None:
     assert gate.status() == {
         "adaptive": True,
         "limit": 5,
-        "paced_up_to": 10,
+        "paced_up_to": 9,
         "pace_seconds": round(12.0 / (4096 / (127 / 3 + 1801 / 6 + 64)), 3),
         "max_concurrency": 30,
         "reason": after.reason,
         "engine": {"running": 5, "waiting": 1, "kv_cache_usage": 0.1235, "preempted_since_last_read": 2, "held_by_worker": 3},
         "recent_requests": {"prompt_tokens": 42.3, "generated_tokens": 600.3, "engine_seconds": 12.0},
-        "left_in_platform_queue": 20,
+        "left_in_platform_queue": 21,
     }
-    assert after.reason.endswith("up to 10 once no request waits inside the engine (2 preempted since the last read)")
+    assert after.reason.endswith("at their peaks, once no request waits inside the engine (2 preempted since the last read)")
     gate.observe(None, 300.0)  # no figures (DISABLE_LOG_STATS): none shown
     assert gate.status()["engine"] is None and gate.value == 30 and gate.status()["left_in_platform_queue"] == 0
 
@@ -165,12 +169,12 @@ def test_the_log_line_names_the_pace_only_when_there_is_one(caplog: pytest.LogCa
     with caplog.at_level(logging.INFO, logger="vllm_worker"):
         gate.observe(EngineNow(3, 0, 0.1), 100.0)  # no room for a request of 2,048 beside 3: still 3, no line
         gate.observe(EngineNow(1, 0, 0.0), 140.0)  # 3 -> 2
-        gate.observe(FIVE, 180.0)  # 2 -> 5, paced to 10
+        gate.observe(FIVE, 180.0)  # 2 -> 5, paced to 9
         gate.observe(FIVE, 220.0)  # the same: no line
     lines = [r.getMessage() for r in caplog.records]
     assert [line.split(":")[0] for line in lines] == [
         "taking up to 2 job(s) at once (was 3)",
-        "taking up to 5 job(s) at once, then one at a time up to 10 (was 2)",
+        "taking up to 5 job(s) at once, then one at a time up to 9 (was 2)",
     ]
 
 

@@ -11,16 +11,18 @@ and the clock at each take:
   before any has finished; each running one counted at that length too, or at what the cache holds
   now if more). A light load never waits.
 - Full use, paced: past that room the cache holds more, since requests started at different times are
-  at different lengths: on average its KV tokens over what a recent request holds over its life (the
-  prompt, half the generated tokens, half a block), the target, to the nearest request (a little over
-  it vLLM preempts at the peaks, under it the cache runs emptier). Up to the target the worker takes
-  one more job at a time, a pace apart (a recent request's time in the engine over that average), and
-  none while requests wait inside vLLM (what waits there was preempted, or cannot start). A worker
-  that held its target within a request's time refills a drained room paced too. Why paced: requests
-  started together end together, so an engine refilled in one go runs in lockstep, its cache about
-  half empty between batches (measured on vLLM's CPU engine: 6.5 requests running where a worker that
-  gives vLLM every job keeps 10.1, and 0.70 of its tokens a second); started a pace apart, their ends
-  spread and the cache stays nearly as full as vLLM keeps it with a queue, without the queue.
+  at different lengths. Started a pace apart, requests like the recent ones hold on average what one
+  holds over its life (its prompt, half its generated tokens, half a block), and at their peaks, just
+  before the oldest ends, about half a request's generated tokens more: the target is as many as the
+  KV cache holds at those peaks, to the nearest request. Up to it the worker takes one more job at a
+  time, a pace apart (a recent request's time in the engine over what the cache holds on average),
+  and none while requests wait inside vLLM (what waits there was preempted, or cannot start). A
+  worker that held its target within a request's time refills a drained room paced too. Why paced:
+  requests started together end together, so an engine refilled in one go runs in lockstep, its
+  cache about half empty between batches (measured on vLLM's CPU engine: 6.5 requests running where
+  a worker that gives vLLM every job keeps 10.1, and 0.70 of its tokens a second); started a pace
+  apart, their ends spread and the cache stays nearly as full as vLLM keeps it with a queue, without
+  the queue and with few preemptions.
 - Nothing known of the KV cache's size: up to MAX_CONCURRENCY.
 
 Recent requests: means over those finished so far, each earlier one weighing KEEP as much per request
@@ -108,7 +110,7 @@ class Limit:
     value: int  # jobs held at once that the engine can start at once (the room)
     reason: str
     target: int | None = None  # jobs held at once that the KV cache holds at full use: paced up to
-    pace_s: float | None = None  # seconds between two paced takes
+    pace_s: float | None = None  # seconds between two paced takes (past the room, or any when kept full)
     waiting: bool = False  # requests waited inside the engine at this read: no paced take
     recent: Recent | None = None
 
@@ -131,6 +133,13 @@ def held_on_average(kv_tokens: int, recent: Recent, block: int) -> float:
     """Requests like the recent ones the KV cache holds on average at full use: each holds its prompt and, over
     its life, half its generated tokens on average, and half a block more for the last one it fills."""
     return kv_tokens / (recent.prompt + recent.generated / 2 + block / 2)
+
+
+def held_at_peaks(kv_tokens: int, recent: Recent, block: int) -> float:
+    """Requests like the recent ones, started a pace apart, whose peak the KV cache holds: beside N of them at
+    their average, the peak (just before the oldest ends) is about half a request's generated tokens and
+    half a block more."""
+    return (kv_tokens - recent.generated / 2 - block / 2) / (recent.prompt + recent.generated / 2 + block / 2)
 
 
 def first(bounds: Bounds) -> Limit:
@@ -168,12 +177,13 @@ def decide(current: Limit, now: EngineNow | None, bounds: Bounds) -> Limit:
     if lately is not None and lately.engine_seconds > 0:
         block = now.block_size or 1
         average = held_on_average(kv, lately, block)
-        target = max(value, min(top, math.floor(average + 0.5)))
+        target = max(value, min(top, math.floor(held_at_peaks(kv, lately, block) + 0.5)))
+        pace = lately.engine_seconds / average
         if target > value:
-            pace = lately.engine_seconds / average
             reason += (
-                f"; {average:.1f} on average at full use: one more every {pace:.2f} s up to {target}"
-                + (" once no request waits inside the engine" if waiting else "")
+                f"; paced: one more every {pace:.2f} s (a recent request's {lately.engine_seconds:.1f} s in the engine "
+                f"over the {average:.1f} the cache holds on average) up to {target}, what it holds at their peaks"
+                + (", once no request waits inside the engine" if waiting else "")
             )
     if now.preempted > 0:
         reason += f" ({now.preempted} preempted since the last read)"

@@ -363,9 +363,10 @@ def patch_set_scale() -> bool:
         idle = self.jobs_queue.qsize() == 0 and self.job_progress.get_job_count() == 0
         if self.jobs_queue.maxsize != 0 and idle:
             self.jobs_queue = asyncio.Queue()  # once: from now on no limit needs a new queue
-        # Full, the SDK sleeps a whole second before it asks again; a job that ends (or a limit that
-        # rises) meanwhile would leave the engine a slot short for up to that second. Wait here for
-        # room instead, looking every ROOM_POLL_S, so the next take follows at once.
+        # Full, the SDK sleeps a whole second before it asks again; a job that ends, a limit that rises or
+        # a paced take that falls due meanwhile would leave the engine a slot short for up to that second.
+        # Wait here for room instead, asking every ROOM_POLL_S, so the next take follows at once (ROOM_WAIT_S
+        # only bounds one wait: the loop asks again after it; a stop ends it at once).
         loop = asyncio.get_running_loop()
         deadline = loop.time() + ROOM_WAIT_S
         while self.is_alive() and self.current_occupancy() >= self.current_concurrency and loop.time() < deadline:
