@@ -340,6 +340,20 @@ def test_with_a_backlog_the_worker_keeps_the_engine_about_as_busy_as_a_fixed_wor
     assert p95(aware.first_token_waits) <= 1.25
 
 
+@pytest.mark.parametrize("blocks, block, prompt, generate", BUSY)
+def test_a_burst_waits_in_the_platforms_queue_not_in_vllm(blocks: int, block: int, prompt: int, generate: int) -> None:
+    # 40 jobs queued at once (bench/intake.py's burst): the first ones are taken before any request has
+    # finished; once they end together, the drained room is refilled paced, or those taken back together
+    # would peak together and be preempted.
+    kw = dict(blocks=blocks, block_size=block, prompt=prompt, generate=generate, seconds=600.0, jobs=40)
+    given_all = kv_model.run(fixed(30), lambda *a: None, **kw)  # type: ignore[arg-type]
+    limit, observe, _ = capacity_aware(Bounds(30, blocks * block, 2048))
+    aware = kv_model.run(limit, observe, **kw)  # type: ignore[arg-type]
+    assert p95(given_all.taken_not_running) >= 15
+    assert p95(aware.taken_not_running) <= 2, aware.taken_not_running
+    assert aware.ended < 600.0 and given_all.ended < 600.0  # all 40 answered
+
+
 def test_without_pacing_the_engine_runs_in_lockstep_and_half_empty() -> None:
     # The same rule with its room alone (the rule before pacing, in effect): requests taken together end
     # together and the cache refills in one go, so the engine runs about as many as fit to their end.

@@ -17,7 +17,8 @@ and the clock at each take:
   KV cache holds at those peaks, to the nearest request. Up to it the worker takes one more job at a
   time, a pace apart (a recent request's time in the engine over what the cache holds on average),
   and none while requests wait inside vLLM (what waits there was preempted, or cannot start). A
-  worker that held its target within a request's time refills a drained room paced too. Why paced:
+  worker that held all it was allowed (its target, or its room before any request finished) within a
+  request's time refills a drained room paced too. Why paced:
   requests started together end together, so an engine refilled in one go runs in lockstep, its
   cache about half empty between batches (measured on vLLM's CPU engine: 6.5 requests running where
   a worker that gives vLLM every job keeps 10.1, and 0.70 of its tokens a second); started a pace
@@ -192,10 +193,10 @@ def decide(current: Limit, now: EngineNow | None, bounds: Bounds) -> Limit:
 
 def allowed(limit: Limit, held: int, last_take: float | None, at: float, full_at: float | None = None) -> int:
     """Jobs the worker may hold at `at`, having `held`, having last been allowed more at `last_take` and last
-    held its target at `full_at`.
+    held all it was allowed at `full_at`.
 
     Past the room, one more at a time, a pace apart. Within the room, all at once, unless the worker held
-    its target less than a request's time in the engine ago: a worker that is kept full refills paced too,
+    all it was allowed less than a request's time in the engine ago: a worker that is kept full refills paced too,
     or the requests a drained engine takes back together would end together again.
     Never fewer than it holds: runpod 1.12's job loop starts a job it has taken only while it runs fewer
     than this figure, so a figure below `held` would leave a taken job unstarted in the worker."""
@@ -286,7 +287,7 @@ class Intake:
         at, held = self.clock(), self.held()
         with self._lock:
             limit = self._limit
-            if limit.target is not None and held >= limit.target:
+            if held >= (limit.value if limit.target is None else limit.target):
                 self._full_at = at
             value = allowed(limit, held, self._last_take, at, self._full_at)
             if value > held:
