@@ -7,7 +7,8 @@ back to the front of the waiting queue, its generated tokens kept, to be recompu
 preempted admits nothing; otherwise waiting requests are admitted in order while the blocks of their
 tokens so far are free. Every running request makes one token a step. A step's time grows with the
 batch as bench/engine_batch.py measures it on the CPU engine (about 10.5 ms, +0.2 ms a request:
-2026-12-03, 94 tokens/s at one request, 425 at 5, 793 at 10, 1,522 at 24); a prompt computed in a
+2026-12-03, 94 tokens/s at one request, 425 at 5, 793 at 10, 1,522 at 24; a later run the same day
+76, 325, 586 and 1,166, 13.2 ms + 0.3 ms a request: the engine's speed drifts, its shape less); a prompt computed in a
 step, a preempted request's recompute too, adds 0.02 ms a token (assumed, not measured); `jitter`, when
 given, is a factor on each step's time (the real engine's speed drifts). The worker's side: jobs come
 from a queue that never empties (or, for a burst, holds `jobs` at the start), reach the engine TAKE_S

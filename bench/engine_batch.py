@@ -1,0 +1,89 @@
+"""How the real CPU engine's speed grows with its batch: the figures tests/support/kv_model.py's step time is
+set from.
+
+The worker (its flags, through the runpod SDK's job loop against the control-plane stand-in) on the tiny
+Llama with a KV cache large enough that nothing is preempted; N requests of 600 generated tokens sent
+to the engine at once, for each N. Prints generated tokens a second and the time of one engine step at
+each N, and the ratio of the largest batch's tokens a second to one request's.
+
+    flock /tmp/vllm-engine.lock .venv/bin/python bench/engine_batch.py [--batches 1,5,10,24]
+
+Asserts nothing (a bench, not a test).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "src")]
+
+from tests.support import engine_env, vllm_metrics  # noqa: E402
+from tests.support.control_plane import ControlPlane  # noqa: E402
+from tests.support.worker_proc import WorkerProcess, engine_processes, running  # noqa: E402
+
+TOKENS = 600
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def complete(port: int, tokens: int) -> None:
+    body = {"model": str(engine_env.TINY_MODEL), "prompt": "hello " * 20, "max_tokens": tokens, "min_tokens": tokens}
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
+    with _OPENER.open(request, timeout=600) as response:
+        response.read()
+
+
+def generated(port: int) -> float:
+    return vllm_metrics.metric(port, "vllm:generation_tokens_total")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--batches", default="1,2,4,5,6,8,10,12,16,20,24")
+    args = parser.parse_args()
+    batches = [int(b) for b in args.batches.split(",")]
+    if not engine_env.VLLM_BIN.exists():
+        print(f"{engine_env.VLLM_BIN} is missing: run `bash scripts/setup.sh`", file=sys.stderr)
+        return 2
+    env = engine_env.tiny_worker_env(
+        engine_env.TINY_MODEL, MAX_MODEL_LEN="2048", MAX_CONCURRENCY="30", ADAPTIVE_CONCURRENCY="false", DRAIN_TIMEOUT="0"
+    )
+    port = int(env["VLLM_PORT"])
+    with ControlPlane() as cp:
+        proc = WorkerProcess(env, control_plane=cp, workdir=Path(tempfile.mkdtemp(prefix="bench-batch-"))).start()
+        try:
+            proc.wait_for_log(r"engine ready; taking jobs", timeout=engine_env.BOOT_TIMEOUT)
+            complete(port, 20)  # a first request warms the engine
+            rates: dict[int, float] = {}
+            for n in batches:
+                before, start = generated(port), time.monotonic()
+                threads = [threading.Thread(target=complete, args=(port, TOKENS)) for _ in range(n)]
+                for thread in threads:
+                    thread.start()
+                for thread in threads:
+                    thread.join()
+                seconds = time.monotonic() - start
+                rates[n] = (generated(port) - before) / seconds
+                print(f"batch {n:>2}: {rates[n]:7.1f} tokens/s, one step {1000 * n / rates[n]:5.1f} ms", flush=True)
+        finally:
+            leftovers = engine_processes(proc.pid) if proc.returncode is None else []
+            proc.stop(timeout=60)
+            for child in leftovers:
+                if running(child):
+                    child.kill()
+    largest, smallest = max(batches), min(batches)
+    print(f"tokens/s at batch {largest} over batch {smallest}: {rates[largest] / rates[smallest]:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
