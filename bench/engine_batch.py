@@ -27,7 +27,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "src")]
 
 from tests.support import engine_env, vllm_metrics  # noqa: E402
 from tests.support.control_plane import ControlPlane  # noqa: E402
-from tests.support.worker_proc import WorkerProcess, engine_processes, running  # noqa: E402
+from tests.support.worker_proc import WorkerProcess, stop_with_engine  # noqa: E402
 
 TOKENS = 600
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -75,11 +75,7 @@ def main() -> int:
                 rates[n] = (generated(port) - before) / seconds
                 print(f"batch {n:>2}: {rates[n]:7.1f} tokens/s, one step {1000 * n / rates[n]:5.1f} ms", flush=True)
         finally:
-            leftovers = engine_processes(proc.pid) if proc.returncode is None else []
-            proc.stop(timeout=60)
-            for child in leftovers:
-                if running(child):
-                    child.kill()
+            stop_with_engine(proc, timeout=60)
     largest, smallest = max(batches), min(batches)
     print(f"tokens/s at batch {largest} over batch {smallest}: {rates[largest] / rates[smallest]:.2f}")
     return 0

@@ -40,7 +40,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "src")]
 
 from tests.support import engine_env, vllm_metrics  # noqa: E402
 from tests.support.control_plane import ControlPlane  # noqa: E402
-from tests.support.worker_proc import WorkerProcess, engine_processes, running  # noqa: E402
+from tests.support.worker_proc import WorkerProcess, stop_with_engine  # noqa: E402
 
 TOKENS = 600
 FIGURES = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc", "vllm:num_preemptions_total")
@@ -87,11 +87,7 @@ class Worker:
 
     def stop(self) -> None:
         Path(tempfile.gettempdir(), f"bench-intake-{self.label}.log").write_text(self.proc.log())
-        leftovers = engine_processes(self.proc.pid) if self.proc.returncode is None else []
-        self.proc.stop(timeout=60)
-        for proc in leftovers:
-            if running(proc):
-                proc.kill()
+        stop_with_engine(self.proc, timeout=60)
 
 
 def boot(cp: ControlPlane, adaptive: bool, label: str) -> Worker:

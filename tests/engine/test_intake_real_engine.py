@@ -28,7 +28,7 @@ import pytest
 
 from tests.support import engine_env, vllm_metrics
 from tests.support.control_plane import ControlPlane
-from tests.support.worker_proc import WorkerProcess, engine_processes, running
+from tests.support.worker_proc import WorkerProcess, stop_with_engine
 
 pytestmark = pytest.mark.engine
 
@@ -82,11 +82,7 @@ def test_a_burst_stays_in_the_platforms_queue_and_every_job_completes(tiny_model
                 sampler.join()
             status = cp.result(cp.submit({"route": "/worker/status"}), timeout=60)["output"][0]["intake"]
         finally:
-            leftovers = engine_processes(proc.pid) if proc.returncode is None else []
-            proc.stop(timeout=60)
-            for child in leftovers:
-                if running(child):
-                    child.kill()
+            stop_with_engine(proc, timeout=60)
 
     assert all("error" not in r for r in results)
     assert spare, "the platform never queued: nothing was measured"

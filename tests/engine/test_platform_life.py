@@ -31,7 +31,7 @@ import pytest
 
 from tests.support import engine_env, vllm_metrics
 from tests.support.control_plane import ControlPlane
-from tests.support.worker_proc import WorkerProcess, engine_processes, running
+from tests.support.worker_proc import WorkerProcess, engine_processes, running, stop_with_engine
 
 pytestmark = pytest.mark.engine
 
@@ -115,11 +115,7 @@ def worker(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         try:
             yield serving
         finally:
-            leftovers = engine_processes(serving.proc.pid) if serving.proc.returncode is None else []
-            serving.proc.stop(timeout=120)
-            for proc in leftovers:
-                if running(proc):
-                    proc.kill()
+            stop_with_engine(serving.proc, timeout=120)
 
 
 @pytest.mark.parametrize("stream", [True, False], ids=["streamed", "not-streamed"])

@@ -28,7 +28,7 @@ import pytest
 
 from tests.support import engine_env
 from tests.support.control_plane import ControlPlane
-from tests.support.worker_proc import WorkerProcess, engine_processes, running
+from tests.support.worker_proc import WorkerProcess, engine_processes, running, stop_with_engine
 
 pytestmark = pytest.mark.engine
 
@@ -110,11 +110,7 @@ def serving(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
             worker.wait_for_log(r"engine ready; taking jobs", timeout=engine_env.BOOT_TIMEOUT)
             yield Serving(cp, worker, tiny_model, port, [])
         finally:
-            leftovers = engine_processes(worker.pid) if worker.returncode is None else []
-            worker.stop(timeout=60)
-            for proc in leftovers:
-                if running(proc):
-                    proc.kill()
+            stop_with_engine(worker, timeout=60)
 
 
 def test_a_chat_job_returns_one_chat_completion(serving: Serving) -> None:

@@ -215,6 +215,15 @@ def kill_engine_group(leader: psutil.Process) -> list[psutil.Process]:
     return members
 
 
+def stop_with_engine(worker: WorkerProcess, timeout: float = 60.0) -> None:
+    """Stop the worker (SIGTERM, as the platform does) and kill -9 any engine process it left behind."""
+    leftovers = engine_processes(worker.pid) if worker.returncode is None else []
+    worker.stop(timeout=timeout)
+    for child in leftovers:
+        if running(child):
+            child.kill()
+
+
 def running(proc: psutil.Process) -> bool:
     """True while the process exists and is not a zombie."""
     try:
