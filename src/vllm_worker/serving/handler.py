@@ -338,9 +338,8 @@ _session_loop: asyncio.AbstractEventLoop | None = None
 _session_limit = 0
 _SPARE_CONNECTIONS = 4  # status/health probes beside MAX_CONCURRENCY jobs
 # vLLM's API server closes a connection idle for VLLM_HTTP_TIMEOUT_KEEP_ALIVE (5 s by default); one the
-# pool reuses just as the server closes it fails before any answer (aiohttp's ServerDisconnectedError).
-# The pool drops its own idle connections sooner, and a request that still meets such a close while the
-# engine lives is sent once more (`handler`).
+# pool reuses just as the server closes it fails before any answer (aiohttp's ServerDisconnectedError,
+# answered as an engine that closed the connection). The pool drops its own idle connections sooner.
 _KEEPALIVE_S = 3.0
 
 
@@ -554,7 +553,6 @@ async def handler(job: dict[str, Any]) -> AsyncGenerator[Any, None]:
             data = _form(body)
         started = False
         connected = True
-        error_seen: BaseException | None = None
         raw: bytes | None = None
         failure: str | None = None
         left = state.request_timeout - (time.monotonic() - began) if resent else state.request_timeout
@@ -613,7 +611,6 @@ async def handler(job: dict[str, Any]) -> AsyncGenerator[Any, None]:
                         task.remove_done_callback(closer)
             dying = failure is not None and ENGINE_DEAD_TEXT in failure
         except _TRANSPORT_ERRORS as error:
-            error_seen = error
             failure = _transport_sentence(error, state, started)
             connected = not isinstance(error, aiohttp.ClientConnectorError)
             dying = not isinstance(error, asyncio.TimeoutError)
@@ -621,11 +618,6 @@ async def handler(job: dict[str, Any]) -> AsyncGenerator[Any, None]:
             log.exception("handler failed on %s %s", request.method, path)
             failure = f"The worker failed while relaying the request to {path} ({type(error).__name__}: {error})."
             dying = False
-        if dying and not started and not retried and isinstance(error_seen, aiohttp.ServerDisconnectedError):
-            # A kept-alive connection the engine closed as it was reused: sent again at once on a new one
-            # (a dead engine refuses that one, and the lines below see its death).
-            retried = True
-            continue
         if dying:
             # The request never reached the engine: once it is restarting, wait for it and send the request there.
             if not connected and not retried and not state.ready.is_set():
