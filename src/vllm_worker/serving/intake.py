@@ -18,12 +18,11 @@ and the clock at each take:
   time, a pace apart (a recent request's time in the engine over what the cache holds on average),
   and none while requests wait inside vLLM (what waits there was preempted, or cannot start). A
   worker that held all it was allowed (its target, or its room before any request finished) within a
-  request's time refills a drained room paced too. Why paced:
-  requests started together end together, so an engine refilled in one go runs in lockstep, its
-  cache about half empty between batches (measured on vLLM's CPU engine: 6.5 requests running where
-  a worker that gives vLLM every job keeps 10.1, and 0.70 of its tokens a second); started a pace
-  apart, their ends spread and the cache stays nearly as full as vLLM keeps it with a queue, without
-  the queue and with few preemptions.
+  request's time refills a drained room paced too. Why paced: requests started together end
+  together, so an engine refilled in one go runs in lockstep, its cache about half empty between
+  batches (measured on vLLM's CPU engine: 6.5 requests running where a worker that gives vLLM every
+  job keeps 10.1, and 0.70 of its tokens a second); started a pace apart, their ends spread and the
+  cache stays nearly as full as vLLM keeps it with a queue, without the queue and with few preemptions.
 - Nothing known of the KV cache's size: up to MAX_CONCURRENCY.
 
 Recent requests: means over those finished so far, each earlier one weighing KEEP as much per request
@@ -130,17 +129,22 @@ def room(now: EngineNow, kv_tokens: int, length: float) -> int:
     return max(0, math.floor(free / need + 1e-9))
 
 
+def _held_over_a_life(recent: Recent, block: int) -> float:
+    """KV tokens a request like the recent ones holds on average over its life: its prompt, half its
+    generated tokens, and half a block more for the last one it fills."""
+    return recent.prompt + recent.generated / 2 + block / 2
+
+
 def held_on_average(kv_tokens: int, recent: Recent, block: int) -> float:
-    """Requests like the recent ones the KV cache holds on average at full use: each holds its prompt and, over
-    its life, half its generated tokens on average, and half a block more for the last one it fills."""
-    return kv_tokens / (recent.prompt + recent.generated / 2 + block / 2)
+    """Requests like the recent ones the KV cache holds on average at full use."""
+    return kv_tokens / _held_over_a_life(recent, block)
 
 
 def held_at_peaks(kv_tokens: int, recent: Recent, block: int) -> float:
     """Requests like the recent ones, started a pace apart, whose peak the KV cache holds: beside N of them at
     their average, the peak (just before the oldest ends) is about half a request's generated tokens and
     half a block more."""
-    return (kv_tokens - recent.generated / 2 - block / 2) / (recent.prompt + recent.generated / 2 + block / 2)
+    return (kv_tokens - recent.generated / 2 - block / 2) / _held_over_a_life(recent, block)
 
 
 def first(bounds: Bounds) -> Limit:
