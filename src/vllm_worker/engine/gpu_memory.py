@@ -5,7 +5,8 @@ Why: vLLM 0.32 reads the free memory of each device once, at startup, and exits 
 on device ... on startup is less than desired GPU memory utilization ... Decrease GPU memory
 utilization or reduce GPU memory used by other processes."). When the engine is relaunched (the
 worker's recovery ladder, or the container restarted in place) the driver may still be reclaiming
-the previous engine's memory, ~40 s in the field, so the relaunch fails once with an error that
+the previous engine's memory, ~40 s in the field (seed 002; a single torch process's 100 GiB on an
+H200 came back 0.01-0.2 s after it ended, tests/field/gpu_readings), so the relaunch fails once with an error that
 blames a correct setting. Probing first and waiting makes the relaunch succeed the first time, and a
 memory that never frees is reported as what it is: a wait that ran out, with the figures and the
 processes holding the memory, never as advice to lower GPU_MEMORY_UTILIZATION.
@@ -340,11 +341,10 @@ def probe_nvidia_smi(
     devices = []
     for index in chosen:
         row = by_index[index]
-        devices.append(
-            DeviceMemory(
-                index, row.name, (row.total_mib - row.reserved_mib) * MiB, row.free_mib * MiB, holders.get(row.uuid, [])
-            )
-        )
+        total = (row.total_mib - row.reserved_mib) * MiB
+        # Each figure is rounded to a MiB on its own: an idle H200 read free 143156 of 143771 - 616 (tests/field/gpu_readings).
+        free = min(row.free_mib * MiB, total)
+        devices.append(DeviceMemory(index, row.name, total, free, holders.get(row.uuid, [])))
     return devices
 
 
