@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -79,9 +80,27 @@ def network_volume(folder: Path, size: str = "8g") -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(folder)], capture_output=True)
 
 
+def loopback_up() -> None:
+    """Bring up `lo` in the calling thread's network namespace (SIOCSIFFLAGS, what `ip link set lo up`
+    does): a machine without iproute2 (the lent GPU machine has none) can still make a network of its own."""
+    import fcntl
+    import socket
+    import struct
+
+    siocgifflags, siocsifflags, iff_up = 0x8913, 0x8914, 0x1
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        request = struct.pack("16sH14x", b"lo", 0)
+        flags = struct.unpack("16sH14x", fcntl.ioctl(sock, siocgifflags, request))[1]
+        fcntl.ioctl(sock, siocsifflags, struct.pack("16sH14x", b"lo", flags | iff_up))
+
+
+_LOOPBACK_UP = "import sys; sys.path.insert(0, sys.argv[1]); from tests.support.volumes import loopback_up; loopback_up()"
+
+
 def require_namespaces() -> None:
     """Skip (fail under CI=true) where the test cannot make network and mount namespaces of its own."""
-    if not _can(["unshare", "-n", "-m", "--propagation", "private", "sh", "-c", "ip link set lo up"]):
+    repo = str(Path(__file__).resolve().parents[2])
+    if not _can(["unshare", "-n", "-m", "--propagation", "private", sys.executable, "-c", _LOOPBACK_UP, repo]):
         _unavailable("cannot make network and mount namespaces here (unshare -n -m needs root)")
 
 
@@ -100,7 +119,7 @@ def private_network() -> Iterator[None]:
     try:
         if libc.unshare(clone_newnet) != 0:
             _unavailable(f"unshare(CLONE_NEWNET) failed: errno {ctypes.get_errno()}")
-        subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
+        loopback_up()
         yield
     finally:
         if libc.setns(saved, clone_newnet) != 0:
