@@ -11,7 +11,10 @@ Reservation estimate: observed differences between nvidia-smi's total and the to
 vLLM logs are 0.41-0.49 GiB (RTX 4090/3090 class: 24564 MiB vs "total_gpu_memory
 (23.58GiB)"; H100 80GB HBM3: 81559 MiB vs "total_gpu_memory 79.22GiB" in vLLM PR
 #10511; RTX PRO 4500 Blackwell: 32623 MiB vs 33689829376 B in vLLM PR #51590), so
-450 MiB is used, and a plan from a card name carries that ~50 MiB uncertainty.
+450 MiB is used, and a plan from a card name carries that ~50 MiB uncertainty. A card with
+more memory can reserve more: an H200 read on a lent machine reserves 616 MiB (143771 MiB, CUDA
+total 150109880320 B; tests/field/gpu_readings), which is why the table keeps a logged total
+wherever there is one.
 
 Where public logs show the total itself, the table keeps it (`cuda_total_gib`): torch
 prints it in every out-of-memory error ("GPU 0 has a total capacity of 14.74 GiB") and

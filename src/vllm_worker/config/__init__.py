@@ -4,10 +4,8 @@
 - `settings`: the worker's own variables (timeouts, concurrency, the engine command, the volume);
 - `profile`: `LaunchProfile`, the launch configuration typed, and the overrides a relaunch applies;
 - `args_builder`: vLLM's option table (`vllm_flags.json`) and the `vllm serve` argv built from a profile;
-- `engine_env`: the engine's environment beside that argv (the worker's own variables out, the caches in);
 - `engine_env`: the engine's environment beside the argv (the worker's own variables out, caches in);
 - `flag_messages`: the sentences for a flag value vLLM would refuse or a name that only looks like a flag;
-- `official_worker`: the variables of Runpod's official worker, taken, folded or answered;
 - `official_worker`: what each variable of Runpod's official vLLM worker does here (taken, folded or answered);
 - `versions`: the vLLM release the worker is built and tested against.
 
