@@ -63,11 +63,11 @@ def free_now() -> int:
     return devices[0].free
 
 
-def wait_until_free(at_least: int, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while free_now() < at_least:
-        assert time.monotonic() < deadline, "the card did not give back the memory of an ended holder"
-        time.sleep(0.1)
+def hold_half(hold_s: float) -> subprocess.Popen[str]:
+    """A previous engine holding all but half the card: less than GPU_MEMORY_UTILIZATION's 0.92 is free."""
+    devices = gpu_memory.probe_nvml([0])
+    assert devices is not None
+    return gpu_holder.hold(max(devices[0].free - devices[0].total // 2, 1 * GiB), hold_s)
 
 
 # ---------------------------------------------------------------- the probes against CUDA's figure
@@ -125,10 +125,7 @@ def test_a_holder_is_seen_with_its_memory(holders: list[subprocess.Popen[str]]) 
 
 def test_the_wait_launches_once_a_previous_process_lets_go(holders: list[subprocess.Popen[str]]) -> None:
     """A previous engine holds half the card and ends 4 s later: the wait sees it and launches then."""
-    devices = gpu_memory.probe_nvml([0])
-    assert devices is not None
-    total, free = devices[0].total, devices[0].free
-    holders.append(gpu_holder.hold(max(free - total // 2, 1 * GiB), 4.0))
+    holders.append(hold_half(4.0))
     lines: list[str] = []
     started = time.monotonic()
     result = gpu_memory.wait_for_memory(LaunchProfile.parse({}), timeout=60, log=lines.append)
@@ -139,9 +136,7 @@ def test_the_wait_launches_once_a_previous_process_lets_go(holders: list[subproc
 
 
 def test_memory_that_stays_held_times_out_naming_the_holder(holders: list[subprocess.Popen[str]]) -> None:
-    devices = gpu_memory.probe_nvml([0])
-    assert devices is not None
-    holder = gpu_holder.hold(max(devices[0].free - devices[0].total // 2, 1 * GiB), 600)
+    holder = hold_half(600)
     holders.append(holder)
     lines: list[str] = []
     result = gpu_memory.wait_for_memory(LaunchProfile.parse({}), timeout=3, log=lines.append)
@@ -164,31 +159,29 @@ def worker_env(tmp_path: Path, engine: FakeEngine, **extra: str) -> dict[str, st
 JOB = {"input": {"prompt": "Hi", "max_tokens": 3}}
 
 
-def test_the_worker_checks_the_card_and_answers_a_job(tmp_path: Path) -> None:
-    engine = FakeEngine(tmp_path, [{"serve": True}])
+def local_test(tmp_path: Path, engine: FakeEngine) -> tuple[subprocess.CompletedProcess[str], str]:
+    """`vllm-worker --test_input JOB` as a user runs it; fails unless the job was answered."""
     done = subprocess.run(
         [sys.executable, "-m", "vllm_worker", "--test_input", json.dumps(JOB)],
         env=worker_env(tmp_path, engine), cwd=tmp_path, capture_output=True, text=True, timeout=180,
     )
     log = done.stdout + done.stderr
     assert done.returncode == 0, log[-4000:]
+    return done, log
+
+
+def test_the_worker_checks_the_card_and_answers_a_job(tmp_path: Path) -> None:
+    engine = FakeEngine(tmp_path, [{"serve": True}])
+    done, log = local_test(tmp_path, engine)
     assert "machine check gpus: ok" in log and "a 64 MiB allocation on 1 of 1" in log, log[-4000:]
     assert json.loads(done.stdout.strip().splitlines()[-1])["output"]
 
 
 def test_the_worker_launches_after_a_previous_engines_memory_is_back(tmp_path: Path, holders: list[subprocess.Popen[str]]) -> None:
-    devices = gpu_memory.probe_nvml([0])
-    assert devices is not None
-    total, free = devices[0].total, devices[0].free
-    holder = gpu_holder.hold(max(free - total // 2, 1 * GiB), 12.0)
+    holder = hold_half(12.0)
     holders.append(holder)
     engine = FakeEngine(tmp_path, [{"serve": True}])
-    done = subprocess.run(
-        [sys.executable, "-m", "vllm_worker", "--test_input", json.dumps(JOB)],
-        env=worker_env(tmp_path, engine), cwd=tmp_path, capture_output=True, text=True, timeout=180,
-    )
-    log = done.stdout + done.stderr
-    assert done.returncode == 0, log[-4000:]
+    done, log = local_test(tmp_path, engine)
     assert holder.poll() is not None  # it had ended when the job was answered
     assert "is available after" in log, log[-4000:]
     assert len(engine.launches()) == 1  # the first launch found its memory: no failed start, no relaunch
