@@ -22,13 +22,12 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "src"))
-
-sys.path.insert(0, str(REPO))
+sys.path[:0] = [str(REPO / "src"), str(REPO)]
 from tests.support import gpu_holder  # noqa: E402
 from vllm_worker.engine import gpu_memory, machine_checks  # noqa: E402
 
@@ -138,7 +137,7 @@ def main() -> int:
     for name, argv in SMI_QUERIES.items():
         (args.out / f"idle_{name}.txt").write_text(run(argv))
     readings["idle_nvml"] = nvml_memory()
-    readings["idle_probe_nvml"] = [vars(d) | {"holders": [vars(h) for h in d.holders]} for d in gpu_memory.probe_nvml([0]) or []]
+    readings["idle_probe_nvml"] = [asdict(d) for d in gpu_memory.probe_nvml([0]) or []]
     readings["list_gpus"] = gpu_memory.list_gpus()
     save()
 
@@ -179,9 +178,8 @@ def main() -> int:
         for name in ("query_gpu", "query_apps"):
             (args.out / f"held_{name}.txt").write_text(run(SMI_QUERIES[name]))
         readings["held_nvml"] = nvml_memory()
-        readings["held_probe_nvml"] = [vars(d) | {"holders": [vars(h) for h in d.holders]} for d in gpu_memory.probe_nvml([0]) or []]
-        smi = gpu_memory.probe_nvidia_smi([0]) or []
-        readings["held_probe_smi"] = [vars(d) | {"holders": [vars(h) for h in d.holders]} for d in smi]
+        readings["held_probe_nvml"] = [asdict(d) for d in gpu_memory.probe_nvml([0]) or []]
+        readings["held_probe_smi"] = [asdict(d) for d in gpu_memory.probe_nvidia_smi([0]) or []]
     finally:
         holder.kill()
         holder.wait()

@@ -2,7 +2,7 @@
 
 Engine tests skip on a developer's machine without `.venv-engine`; in CI that
 environment is built by `make test`, so a skip there means something is broken.
-The GPU tier (tests/gpu) is not collected where no NVIDIA GPU answers: it needs a lent machine.
+The GPU tier (tests/gpu) is not collected where the worker lists no NVIDIA GPU (NVML, else nvidia-smi).
 A skip at collection (a module-level `pytest.importorskip` or `pytest.skip(...,
 allow_module_level=True)`) would drop a whole file without a test report, so it is a
 failure too (tests/unit/test_ci_hook.py runs both cases in a child pytest).
@@ -11,28 +11,17 @@ failure too (tests/unit/test_ci_hook.py runs both cases in a child pytest).
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 
 import pytest
+
+from vllm_worker.engine.gpu_memory import list_gpus
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
 
 
-def _gpu_answers() -> bool:
-    """Whether an NVIDIA GPU is here: `nvidia-smi -L` lists one."""
-    if shutil.which("nvidia-smi") is None:
-        return False
-    try:
-        done = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.SubprocessError):
-        return False
-    return done.returncode == 0 and "GPU" in done.stdout
-
-
 # The GPU tier needs a card; where there is none (CI, every developer's machine) it is not collected,
 # rather than skipped, so CI=true's rule below stays whole.
-collect_ignore = [] if _gpu_answers() else ["gpu"]
+collect_ignore = [] if list_gpus() else ["gpu"]
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -1,4 +1,4 @@
-"""The GPU tier (tests/gpu): collected only where `nvidia-smi` answers; see test_real_gpu.py."""
+"""The GPU tier (tests/gpu): collected only where NVML or `nvidia-smi` lists a GPU; see test_real_gpu.py."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The GPU tier: the worker's GPU edges on a real NVIDIA card, where CI has none.
 
-Collected only on a machine where `nvidia-smi` answers (tests/conftest.py), so CI neither runs nor
+Collected only on a machine where NVML or `nvidia-smi` lists a GPU (tests/conftest.py), so CI neither runs nor
 skips them; run them where a GPU is lent: `python -m pytest tests/gpu` with the worker's packages on
 PYTHONPATH and TORCH_PYTHON naming a Python with torch (tests.support.gpu_holder takes memory through
 it, as a previous engine held it). What each test holds against the card is CUDA's own figure
