@@ -82,7 +82,7 @@ def test_paced_takes_come_at_least_a_pace_apart(asks: list[tuple[float, int]]) -
     gate = intake.Intake(lambda: BOUNDS, held=lambda: held[0], clock=lambda: clock[0])
     gate.observe(EngineNow(5, 0, 0.9, finished=1, prompt_tokens=42, generated_tokens=600, engine_seconds=12, block_size=128), 0.0)
     limit = gate._limit
-    assert (limit.value, limit.target) == (5, 9) and limit.pace_s == pytest.approx(12 / (4096 / 406))
+    assert (limit.value, limit.target) == (5, 10) and limit.pace_s == pytest.approx(12 / (4096 / 406))
     grants: list[float] = []
     for dt, h in asks:
         clock[0] += dt
@@ -111,6 +111,9 @@ def test_the_cache_holds_on_average_what_a_request_holds_over_its_life_and_at_th
     assert intake.held_on_average(4096, BENCH, 16) == pytest.approx(4096 / 350)
     assert intake.held_at_peaks(4096, BENCH, 128) == pytest.approx((4096 - 364) / 406)
     assert intake.held_at_peaks(4096, BENCH, 16) == pytest.approx((4096 - 308) / 350)
+    # The paced target is half way: 4,096 less a quarter of a request's generated tokens and of a block, 9.6.
+    assert intake.paced_target(4096, BENCH, 128) == pytest.approx((4096 - 182) / 406)
+    assert intake.paced_target(4096, BENCH, 16) == pytest.approx((4096 - 154) / 350)
 
 
 def test_recent_means_follow_the_requests_finished_the_later_ones_weighing_more() -> None:
@@ -130,33 +133,36 @@ def test_before_any_request_finished_the_room_counts_max_model_len_and_nothing_i
     assert limit.reason == "1 running, 0 waiting, KV cache 5% used: the KV cache holds 1 more request(s) of 2,048 tokens to their end"
 
 
-def test_past_the_room_the_worker_is_paced_up_to_what_the_cache_holds_at_the_peaks() -> None:
-    # 5 running of the bench's 642 tokens hold 30 of 32 blocks at their end: no room; 10.1 on average, 9 at the peaks.
+def test_past_the_room_the_worker_is_paced_up_to_half_way_between_the_peaks_and_the_average() -> None:
+    # 5 running of the bench's 642 tokens hold 30 of 32 blocks at their end: no room; 10.1 on average, 9.2 at the
+    # peaks: 10, to the nearest request of 9.6.
     now = EngineNow(5, 0, 0.5, finished=1, prompt_tokens=42, generated_tokens=600, engine_seconds=12, kv_tokens=4096, block_size=128)
     limit = intake.decide(intake.first(Bounds(30)), now, Bounds(30))
-    assert (limit.value, limit.target) == (5, 9) and limit.pace_s == pytest.approx(12 / (4096 / 406))
+    assert (limit.value, limit.target) == (5, 10) and limit.pace_s == pytest.approx(12 / (4096 / 406))
     assert limit.reason.endswith(
         "; paced: one more every 1.19 s (a recent request's 12.0 s in the engine over the 10.1 the cache holds on average) "
-        "up to 9, what it holds at their peaks"
+        "up to 10, half way between what it holds at their peaks and on average"
     )
     assert intake.allowed(limit, 5, None, 100.0) == 6
     assert intake.allowed(limit, 6, 100.0, 101.0) == 6  # within the pace: what it holds
     assert intake.allowed(limit, 6, 100.0, 101.2) == 7
-    assert intake.allowed(limit, 9, 0.0, 100.0) == 9  # at the target: no more
+    assert intake.allowed(limit, 10, 0.0, 100.0) == 10  # at the target: no more
     assert intake.allowed(limit, 3, 100.0, 100.0) == 5  # under the room: the room, at once
     waiting = intake.decide(limit, EngineNow(5, 1, 0.9, block_size=128, kv_tokens=4096), Bounds(30))
-    assert waiting.waiting and waiting.reason.endswith("up to 9, what it holds at their peaks, once no request waits inside the engine")
+    assert waiting.waiting and waiting.reason.endswith(
+        "up to 10, half way between what it holds at their peaks and on average, once no request waits inside the engine"
+    )
     assert intake.allowed(waiting, 5, None, 200.0) == 5
 
 
-def test_the_target_is_what_the_cache_holds_at_the_peaks_to_the_nearest_request_and_at_most_max_concurrency() -> None:
+def test_the_target_is_half_way_between_the_peaks_and_the_average_to_the_nearest_request_and_at_most_max_concurrency() -> None:
     def target(kv: int, top: int = 30) -> int | None:
         now = EngineNow(1, 0, 0.0, finished=1, prompt_tokens=42, generated_tokens=600, engine_seconds=12, block_size=128)
         return intake.decide(Limit(1, "x"), now, Bounds(top, kv, 2048)).target
 
-    assert target(4096) == 9  # 9.19
-    assert target(406 * 9 + 203 + 364) == 10  # 9.5: up
-    assert target(406 * 9 + 202 + 364) == 9
+    assert target(4096) == 10  # 9.64
+    assert target(406 * 9 + 203 + 182) == 10  # 9.5: up
+    assert target(406 * 9 + 202 + 182) == 9
     assert target(10**6, top=30) == 30
     # Where the room is already the whole target, nothing is paced.
     roomy = intake.decide(Limit(1, "x"), EngineNow(0, 0, 0.0, finished=1, prompt_tokens=10, generated_tokens=10, engine_seconds=1), BOUNDS)
@@ -187,8 +193,8 @@ def test_the_holder_logs_a_change_at_most_every_log_every_s(caplog: pytest.LogCa
         gate.observe(EngineNow(3, 0, 0.95, block_size=128), 170.0)  # no change: nothing
     lines = [r.getMessage() for r in caplog.records]
     assert [line.split(":")[0] for line in lines] == [
-        "taking up to 5 job(s) at once, then one at a time up to 9 (was 3)",
-        "taking up to 3 job(s) at once, then one at a time up to 9 (was 5; 2 changes since the last line)",
+        "taking up to 5 job(s) at once, then one at a time up to 10 (was 3)",
+        "taking up to 3 job(s) at once, then one at a time up to 10 (was 5; 2 changes since the last line)",
     ]
 
 
@@ -263,7 +269,7 @@ def test_the_status_job_shows_the_limit_the_pace_why_and_the_slots_left_to_the_p
         handler.configure(None)  # type: ignore[arg-type]
     shown = report["intake"]
     assert shown == gate.status()
-    assert (shown["limit"], shown["paced_up_to"], shown["left_in_platform_queue"]) == (5, 9, 21)
+    assert (shown["limit"], shown["paced_up_to"], shown["left_in_platform_queue"]) == (5, 10, 20)
     assert shown["pace_seconds"] == round(12 / (4096 / 406), 3)
     assert shown["recent_requests"] == {"prompt_tokens": 42.0, "generated_tokens": 600.0, "engine_seconds": 12.0}
     assert "1 preempted since the last read" in shown["reason"] and shown["engine"]["waiting"] == 1
@@ -335,7 +341,7 @@ def test_with_a_backlog_the_worker_keeps_the_engine_about_as_busy_as_a_fixed_wor
     limit, observe, _ = capacity_aware(Bounds(30, blocks * block, 2048))
     aware = kv_model.run(limit, observe, **kw)  # type: ignore[arg-type]
     assert p95(given_all.taken_not_running) >= 15  # the fixed worker's jobs wait in vLLM
-    assert aware.completed >= 0.8 * given_all.completed, (aware.completed, given_all.completed)
+    assert aware.completed >= 0.85 * given_all.completed, (aware.completed, given_all.completed)
     assert p95(aware.taken_not_running) <= 2
     assert p95(aware.first_token_waits) <= 1.25
 

@@ -16,7 +16,8 @@ from vllm_worker.serving.intake import Bounds, EngineNow, Limit, Recent
 
 BOUNDS = Bounds(max_concurrency=30, kv_tokens=4096, max_model_len=2048)
 BENCH = Recent(prompt=42.0, generated=600.0, engine_seconds=12.0)
-# 5 running requests of the bench's 642 tokens on 128-token blocks: no room to the end, 10.1 on average, 9 at the peaks.
+# 5 running requests of the bench's 642 tokens on 128-token blocks: no room to the end, 10.1 on average, 9.2 at the peaks:
+# paced up to 10.
 FIVE = EngineNow(5, 0, 0.5, finished=1, prompt_tokens=42, generated_tokens=600, engine_seconds=12, block_size=128)
 PACED = Limit(5, "x", target=10, pace_s=1.2, recent=BENCH)
 
@@ -85,7 +86,7 @@ def test_the_paced_reason_says_the_average_the_pace_and_the_target() -> None:
     assert limit.reason == (
         "5 running, 0 waiting, KV cache 50% used: the KV cache holds 0 more request(s) of 642 tokens to their end; "
         "paced: one more every 1.19 s (a recent request's 12.0 s in the engine over the 10.1 the cache holds on average) "
-        "up to 9, what it holds at their peaks"
+        "up to 10, half way between what it holds at their peaks and on average"
     )
     assert limit.recent == BENCH and not limit.waiting
 
@@ -151,15 +152,15 @@ def test_the_holder_before_any_read_and_after_one() -> None:
     assert gate.status() == {
         "adaptive": True,
         "limit": 5,
-        "paced_up_to": 9,
+        "paced_up_to": 10,
         "pace_seconds": round(12.0 / (4096 / (127 / 3 + 1801 / 6 + 64)), 3),
         "max_concurrency": 30,
         "reason": after.reason,
         "engine": {"running": 5, "waiting": 1, "kv_cache_usage": 0.1235, "preempted_since_last_read": 2, "held_by_worker": 3},
         "recent_requests": {"prompt_tokens": 42.3, "generated_tokens": 600.3, "engine_seconds": 12.0},
-        "left_in_platform_queue": 21,
+        "left_in_platform_queue": 20,
     }
-    assert after.reason.endswith("at their peaks, once no request waits inside the engine (2 preempted since the last read)")
+    assert after.reason.endswith("and on average, once no request waits inside the engine (2 preempted since the last read)")
     gate.observe(None, 300.0)  # no figures (DISABLE_LOG_STATS): none shown
     assert gate.status()["engine"] is None and gate.value == 30 and gate.status()["left_in_platform_queue"] == 0
 
@@ -169,12 +170,12 @@ def test_the_log_line_names_the_pace_only_when_there_is_one(caplog: pytest.LogCa
     with caplog.at_level(logging.INFO, logger="vllm_worker"):
         gate.observe(EngineNow(3, 0, 0.1), 100.0)  # no room for a request of 2,048 beside 3: still 3, no line
         gate.observe(EngineNow(1, 0, 0.0), 140.0)  # 3 -> 2
-        gate.observe(FIVE, 180.0)  # 2 -> 5, paced to 9
+        gate.observe(FIVE, 180.0)  # 2 -> 5, paced to 10
         gate.observe(FIVE, 220.0)  # the same: no line
     lines = [r.getMessage() for r in caplog.records]
     assert [line.split(":")[0] for line in lines] == [
         "taking up to 2 job(s) at once (was 3)",
-        "taking up to 5 job(s) at once, then one at a time up to 9 (was 2)",
+        "taking up to 5 job(s) at once, then one at a time up to 10 (was 2)",
     ]
 
 
@@ -182,3 +183,40 @@ def test_bounds_take_whole_positive_figures_only() -> None:
     plan = {"capacity_plan": {"kv_cache_tokens": 1, "max_model_len": 0}}
     assert intake.bounds_from(plan, 30) == Bounds(30, 1, None)
     assert intake.bounds_from({"capacity_plan": {"kv_cache_tokens": "4096", "max_model_len": True}}, 30) == Bounds(30)
+
+
+def test_a_job_that_ended_since_the_read_lifts_its_waiting() -> None:
+    # The read saw a request waiting in vLLM (preempted near the peak). A job the worker answered since then
+    # gave its blocks back, and vLLM starts what waited at its next step: a paced take need not wait for the
+    # next read, up to a second later.
+    waiting = Limit(5, "x", target=10, pace_s=1.2, waiting=True, recent=BENCH)
+    assert intake.allowed(waiting, 6, 0.0, 5.0) == 6
+    assert intake.allowed(waiting, 6, 0.0, 5.0, ended_since_read=True) == 7
+    assert intake.allowed(waiting, 6, 4.0, 5.0, ended_since_read=True) == 6  # still a pace apart
+    assert intake.allowed(PACED, 6, 0.0, 5.0, ended_since_read=True) == 7
+
+
+def test_the_holder_counts_an_end_from_what_it_holds_and_forgets_it_at_the_next_read() -> None:
+    clock, held = [100.0], [7]
+    gate = intake.Intake(lambda: BOUNDS, held=lambda: held[0], clock=lambda: clock[0])
+    waits = EngineNow(6, 1, 0.95, finished=1, prompt_tokens=42, generated_tokens=600, engine_seconds=12, block_size=128)
+    gate.observe(waits, 100.0)
+    assert gate._limit.waiting and gate._limit.target == 10
+    assert gate.allowed_now() == 7  # what waited still waits
+    clock[0] = 100.5
+    assert gate.allowed_now() == 7 and not gate._ended_since_read  # held the same: nothing ended
+    held[0], clock[0] = 8, 101.0  # a take (no end): held rose
+    assert gate.allowed_now() == 8 and not gate._ended_since_read
+    held[0], clock[0] = 7, 101.5  # one answered
+    assert gate.allowed_now() == 8 and gate._ended_since_read and gate._last_take == 101.5
+    gate.observe(waits, 102.0)  # a new read that still sees one waiting
+    held[0], clock[0] = 8, 103.0
+    assert not gate._ended_since_read and gate.allowed_now() == 8
+
+
+def test_a_time_in_the_engine_too_small_to_divide_paces_nothing() -> None:
+    # Hypothesis found it: 5e-324 s over the cache's average is 0.0, a pace of nothing.
+    tiny = EngineNow(0, 0, 0.0, finished=1, generated_tokens=1.0, engine_seconds=5e-324)
+    limit = intake.decide(Limit(1, "x"), tiny, Bounds(1, kv_tokens=2))
+    assert (limit.target, limit.pace_s) == (None, None)
+    assert intake.decide(Limit(1, "x"), FIVE, BOUNDS).pace_s == pytest.approx(12 / (4096 / 406))
