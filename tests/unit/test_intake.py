@@ -341,7 +341,7 @@ def test_with_a_backlog_the_worker_keeps_the_engine_about_as_busy_as_a_fixed_wor
     limit, observe, _ = capacity_aware(Bounds(30, blocks * block, 2048))
     aware = kv_model.run(limit, observe, **kw)  # type: ignore[arg-type]
     assert p95(given_all.taken_not_running) >= 15  # the fixed worker's jobs wait in vLLM
-    assert aware.completed >= 0.85 * given_all.completed, (aware.completed, given_all.completed)
+    assert aware.completed >= 0.88 * given_all.completed, (aware.completed, given_all.completed)
     assert p95(aware.taken_not_running) <= 2
     assert p95(aware.first_token_waits) <= 1.25
 
