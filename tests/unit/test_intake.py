@@ -67,7 +67,7 @@ def test_what_the_job_loop_may_hold_is_never_below_what_it_holds_and_at_most_one
     value: int, held: int, last_take: float | None, at: float
 ) -> None:
     paced = Limit(value, "x", target=value + 5, pace_s=1.0)
-    for limit in (Limit(value, "x"), paced, Limit(value, "x", target=value + 5, pace_s=1.0, waiting=True)):
+    for limit in (Limit(value, "x"), paced, Limit(value, "x", target=value + 5, pace_s=1.0, waiting=1)):
         may = intake.allowed(limit, held, last_take, at)
         assert may >= held  # runpod's job loop starts a taken job only below this figure
         assert may == limit.value if held < limit.value else may in (held, held + 1)
@@ -149,8 +149,9 @@ def test_past_the_room_the_worker_is_paced_up_to_half_way_between_the_peaks_and_
     assert intake.allowed(limit, 10, 0.0, 100.0) == 10  # at the target: no more
     assert intake.allowed(limit, 3, 100.0, 100.0) == 5  # under the room: the room, at once
     waiting = intake.decide(limit, EngineNow(5, 1, 0.9, block_size=128, kv_tokens=4096), Bounds(30))
-    assert waiting.waiting and waiting.reason.endswith(
-        "up to 10, half way between what it holds at their peaks and on average, once no request waits inside the engine"
+    assert waiting.waiting == 1 and waiting.reason.endswith(
+        "up to 10, half way between what it holds at their peaks and on average, "
+        "once more jobs have ended than the 1 request(s) waiting inside the engine"
     )
     assert intake.allowed(waiting, 5, None, 200.0) == 5
 
@@ -172,7 +173,7 @@ def test_the_target_is_half_way_between_the_peaks_and_the_average_to_the_nearest
 def test_without_figures_or_a_kv_cache_size_the_worker_takes_up_to_max_concurrency() -> None:
     assert intake.decide(Limit(3, "x"), None, BOUNDS) == Limit(30, intake.NO_FIGURES_REASON)
     no_kv = intake.decide(Limit(3, "x"), EngineNow(3, 2, 0.3), Bounds(30, max_model_len=2048))
-    assert (no_kv.value, no_kv.reason, no_kv.waiting) == (30, intake.NO_KV_REASON, True)
+    assert (no_kv.value, no_kv.reason, no_kv.waiting) == (30, intake.NO_KV_REASON, 2)
     assert intake.decide(Limit(3, "x"), EngineNow(3, 0, 0.3), Bounds(30, kv_tokens=4096)).value == 30  # no length either
 
 

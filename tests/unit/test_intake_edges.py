@@ -62,7 +62,7 @@ def test_max_concurrency_one_is_a_limit_of_one() -> None:
 
 
 def test_no_figures_keeps_the_recent_requests() -> None:
-    limit = intake.decide(Limit(3, "x", target=9, pace_s=1.0, waiting=True, recent=BENCH), None, BOUNDS)
+    limit = intake.decide(Limit(3, "x", target=9, pace_s=1.0, waiting=1, recent=BENCH), None, BOUNDS)
     assert limit == Limit(30, intake.NO_FIGURES_REASON, recent=BENCH)
 
 
@@ -110,7 +110,7 @@ def test_allowed_at_each_boundary() -> None:
     assert intake.allowed(PACED, 9, 0.0, 5.0) == 10
     assert intake.allowed(PACED, 10, 0.0, 5.0) == 10  # the target
     assert intake.allowed(PACED, 12, 0.0, 5.0) == 12  # over it (a lowered target): what it holds
-    waiting = Limit(5, "x", target=10, pace_s=1.2, waiting=True, recent=BENCH)
+    waiting = Limit(5, "x", target=10, pace_s=1.2, waiting=1, recent=BENCH)
     assert intake.allowed(waiting, 5, None, 5.0) == 5 and intake.allowed(waiting, 3, None, 5.0) == 5
     unpaced = Limit(5, "x")
     assert intake.allowed(unpaced, 3, None, 0.0) == 5 and intake.allowed(unpaced, 7, None, 0.0) == 7
@@ -160,7 +160,9 @@ def test_the_holder_before_any_read_and_after_one() -> None:
         "recent_requests": {"prompt_tokens": 42.3, "generated_tokens": 600.3, "engine_seconds": 12.0},
         "left_in_platform_queue": 20,
     }
-    assert after.reason.endswith("and on average, once no request waits inside the engine (2 preempted since the last read)")
+    assert after.reason.endswith(
+        "and on average, once more jobs have ended than the 1 request(s) waiting inside the engine (2 preempted since the last read)"
+    )
     gate.observe(None, 300.0)  # no figures (DISABLE_LOG_STATS): none shown
     assert gate.status()["engine"] is None and gate.value == 30 and gate.status()["left_in_platform_queue"] == 0
 
@@ -185,15 +187,17 @@ def test_bounds_take_whole_positive_figures_only() -> None:
     assert intake.bounds_from({"capacity_plan": {"kv_cache_tokens": "4096", "max_model_len": True}}, 30) == Bounds(30)
 
 
-def test_a_job_that_ended_since_the_read_lifts_its_waiting() -> None:
-    # The read saw a request waiting in vLLM (preempted near the peak). A job the worker answered since then
-    # gave its blocks back, and vLLM starts what waited at its next step: a paced take need not wait for the
-    # next read, up to a second later.
-    waiting = Limit(5, "x", target=10, pace_s=1.2, waiting=True, recent=BENCH)
+def test_more_jobs_ended_since_the_read_than_waited_lift_its_waiting() -> None:
+    # The read saw requests waiting in vLLM (preempted near the peak). Each job the worker answered since
+    # then gave its blocks back, and vLLM starts one that waited at its next step: one end more than waited
+    # and a paced take need not wait for the next read, up to a second later; as many ends as waited, and
+    # a new job would wait behind the last of them.
+    waiting = Limit(5, "x", target=10, pace_s=1.2, waiting=2, recent=BENCH)
     assert intake.allowed(waiting, 6, 0.0, 5.0) == 6
-    assert intake.allowed(waiting, 6, 0.0, 5.0, ended_since_read=True) == 7
-    assert intake.allowed(waiting, 6, 4.0, 5.0, ended_since_read=True) == 6  # still a pace apart
-    assert intake.allowed(PACED, 6, 0.0, 5.0, ended_since_read=True) == 7
+    assert intake.allowed(waiting, 6, 0.0, 5.0, ended_since_read=2) == 6
+    assert intake.allowed(waiting, 6, 0.0, 5.0, ended_since_read=3) == 7
+    assert intake.allowed(waiting, 6, 4.0, 5.0, ended_since_read=3) == 6  # still a pace apart
+    assert intake.allowed(PACED, 6, 0.0, 5.0, ended_since_read=0) == 7
 
 
 def test_the_holder_counts_an_end_from_what_it_holds_and_forgets_it_at_the_next_read() -> None:
@@ -207,11 +211,15 @@ def test_the_holder_counts_an_end_from_what_it_holds_and_forgets_it_at_the_next_
     assert gate.allowed_now() == 7 and not gate._ended_since_read  # held the same: nothing ended
     held[0], clock[0] = 8, 101.0  # a take (no end): held rose
     assert gate.allowed_now() == 8 and not gate._ended_since_read
-    held[0], clock[0] = 7, 101.5  # one answered
-    assert gate.allowed_now() == 8 and gate._ended_since_read and gate._last_take == 101.5
+    held[0], clock[0] = 7, 101.5  # one answered: as many ends as waited
+    assert gate.allowed_now() == 7 and gate._ended_since_read == 1 and gate._last_take is None
+    held[0], clock[0] = 6, 101.6  # another: one more than waited
+    assert gate.allowed_now() == 7 and gate._ended_since_read == 2 and gate._last_take == 101.6
     gate.observe(waits, 102.0)  # a new read that still sees one waiting
-    held[0], clock[0] = 8, 103.0
-    assert not gate._ended_since_read and gate.allowed_now() == 8
+    held[0], clock[0] = 7, 103.0
+    assert not gate._ended_since_read and gate.allowed_now() == 7
+    held[0], clock[0] = 4, 103.5  # three answered between two questions: all counted (and under the room: the room)
+    assert gate._ended_since_read == 0 and gate.allowed_now() == 6 and gate._ended_since_read == 3
 
 
 def test_a_time_in_the_engine_too_small_to_divide_paces_nothing() -> None:
