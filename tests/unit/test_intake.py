@@ -191,6 +191,7 @@ def test_the_holder_logs_a_change_at_most_every_log_every_s(caplog: pytest.LogCa
         gate.observe(paced, 100.0)  # 3 -> 5, paced to 10: logged
         gate.observe(EngineNow(4, 0, 0.95, block_size=128), 110.0)  # 5 -> 4, within LOG_EVERY_S of the last line
         gate.observe(EngineNow(3, 0, 0.95, block_size=128), 130.0)  # 4 -> 3, LOG_EVERY_S after it: logged, 2 changes
+        assert len(caplog.records) == 2  # at LOG_EVERY_S exactly, not at the next read
         gate.observe(EngineNow(3, 0, 0.95, block_size=128), 170.0)  # no change: nothing
     lines = [r.getMessage() for r in caplog.records]
     assert [line.split(":")[0] for line in lines] == [

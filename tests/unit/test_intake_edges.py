@@ -174,11 +174,15 @@ def test_the_log_line_names_the_pace_only_when_there_is_one(caplog: pytest.LogCa
         gate.observe(EngineNow(1, 0, 0.0), 140.0)  # 3 -> 2
         gate.observe(FIVE, 180.0)  # 2 -> 5, paced to 10
         gate.observe(FIVE, 220.0)  # the same: no line
+        roomy = EngineNow(0, 0, 0.0, finished=1, prompt_tokens=10, generated_tokens=10, engine_seconds=1, block_size=128)
+        reason = intake.Intake(lambda: BOUNDS).observe(roomy, 0.0).reason  # 3 -> 30, its target 30 too: nothing to pace
     lines = [r.getMessage() for r in caplog.records]
     assert [line.split(":")[0] for line in lines] == [
         "taking up to 2 job(s) at once (was 3)",
         "taking up to 5 job(s) at once, then one at a time up to 10 (was 2)",
+        "taking up to 30 job(s) at once (was 3)",
     ]
+    assert lines[-1].endswith(": " + reason)
 
 
 def test_bounds_take_whole_positive_figures_only() -> None:
@@ -228,3 +232,22 @@ def test_a_time_in_the_engine_too_small_to_divide_paces_nothing() -> None:
     limit = intake.decide(Limit(1, "x"), tiny, Bounds(1, kv_tokens=2))
     assert (limit.target, limit.pace_s) == (None, None)
     assert intake.decide(Limit(1, "x"), FIVE, BOUNDS).pace_s == pytest.approx(12 / (4096 / 406))
+
+
+def test_the_status_gives_the_time_in_the_engine_to_the_millisecond() -> None:
+    gate = intake.Intake(lambda: BOUNDS, held=lambda: 0)
+    gate.observe(EngineNow(0, 0, 0.0, finished=1, prompt_tokens=42, generated_tokens=600, engine_seconds=12.3456), 1.0)
+    assert gate.status()["recent_requests"]["engine_seconds"] == 12.346
+
+
+def test_without_a_kv_cache_size_the_recent_requests_are_still_followed() -> None:
+    now = EngineNow(3, 0, 0.3, finished=2, prompt_tokens=20, generated_tokens=40, engine_seconds=4.0)
+    limit = intake.decide(Limit(3, "x"), now, Bounds(30))
+    assert limit.reason == intake.NO_KV_REASON and limit.recent == Recent(10.0, 20.0, 2.0)
+
+
+def test_a_cache_that_holds_less_than_one_request_on_average_still_paces_one_at_a_time() -> None:
+    # 256 tokens against a request that holds 406 on average over its life: the room is one, and one is the target.
+    now = EngineNow(0, 0, 0.0, finished=1, prompt_tokens=42, generated_tokens=600, engine_seconds=12, block_size=128)
+    limit = intake.decide(Limit(1, "x"), now, Bounds(30, kv_tokens=256, max_model_len=2048))
+    assert (limit.value, limit.target) == (1, 1) and limit.pace_s == pytest.approx(12 / (256 / 406))
