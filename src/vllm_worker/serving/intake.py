@@ -154,7 +154,7 @@ def paced_target(kv_tokens: int, recent: Recent, block: int) -> float:
 
     At the peaks alone vLLM rarely preempts, but the cache stays emptier than vLLM keeps it with a queue:
     on the CPU engine (bench/intake.py, 2026-12-03 and 12-05) that worker completed 0.905 of a fixed
-    worker's jobs a minute, this one 0.985 (two pairs). Half way, the requests overfill the cache only in the moments
+    worker's jobs a minute, this one 1.013 (three pairs). Half way, the requests overfill the cache only in the moments
     before the oldest ends, by about a quarter of a request's generated tokens: vLLM preempts the newest
     (a few blocks), and starts it again, its tokens recomputed, once the oldest has ended and given its
     blocks back. The cost: a job taken while a preempted request waits in vLLM waits behind it (first-token
