@@ -154,10 +154,10 @@ def paced_target(kv_tokens: int, recent: Recent, block: int) -> float:
 
     At the peaks alone vLLM rarely preempts, but the cache stays emptier than vLLM keeps it with a queue:
     on the CPU engine (bench/intake.py, 2026-12-03 and 12-05) that worker completed 0.905 of a fixed
-    worker's jobs a minute, this one 1.013 (three pairs). Half way, the requests overfill the cache only in the moments
-    before the oldest ends, by about a quarter of a request's generated tokens: vLLM preempts the newest
-    (a few blocks), and starts it again, its tokens recomputed, once the oldest has ended and given its
-    blocks back. The cost: a job taken while a preempted request waits in vLLM waits behind it (first-token
+    worker's jobs a minute, this one 1.013 (three pairs). Half way, the requests overfill the cache only
+    in the moments before the oldest ends, by about a quarter of a request's generated tokens: vLLM
+    preempts the newest (a few blocks), and starts it again, its tokens recomputed, once the oldest has
+    ended and given its blocks back. The cost: a job taken while a preempted request waits in vLLM waits behind it (first-token
     p95 0.25 to 0.71 s there, against 0.27 to 0.77 s; `allowed` keeps paced takes back while they wait)."""
     return (held_at_peaks(kv_tokens, recent, block) + held_on_average(kv_tokens, recent, block)) / 2
 
@@ -185,11 +185,10 @@ def decide(current: Limit, now: EngineNow | None, bounds: Bounds) -> Limit:
     if now is None:
         return Limit(top, NO_FIGURES_REASON, recent=current.recent)
     lately = recent(current.recent, now)
-    waiting = now.waiting
     kv = bounds.kv_tokens or now.kv_tokens
     length = lately.length if lately is not None else bounds.max_model_len
     if not kv or not length or length <= 0:
-        return Limit(top, NO_KV_REASON, waiting=waiting, recent=lately)
+        return Limit(top, NO_KV_REASON, waiting=now.waiting, recent=lately)
     fits = room(now, kv, length)
     value = max(1, min(top, now.running + fits))
     reason = f"{_figures(now)}: the KV cache holds {fits} more request(s) of {length:,.0f} tokens to their end"
@@ -204,11 +203,11 @@ def decide(current: Limit, now: EngineNow | None, bounds: Bounds) -> Limit:
                 f"; paced: one more every {pace:.2f} s (a recent request's {lately.engine_seconds:.1f} s in the engine "
                 f"over the {average:.1f} the cache holds on average) up to {target}, "
                 "half way between what it holds at their peaks and on average"
-                + (f", once more jobs have ended than the {waiting} request(s) waiting inside the engine" if waiting else "")
+                + (f", once more jobs have ended than the {now.waiting} request(s) waiting inside the engine" if now.waiting else "")
             )
     if now.preempted > 0:
         reason += f" ({now.preempted} preempted since the last read)"
-    return Limit(value, reason, target, pace, waiting, lately)
+    return Limit(value, reason, target, pace, now.waiting, lately)
 
 
 def allowed(
@@ -223,9 +222,10 @@ def allowed(
     more leaves room for a new job, and the next read is up to POLL_S away (in tests/support/kv_model.py a
     worker that waited for it held 11 jobs for seconds at a time where its target was 13). Any one end
     was not enough: on the real CPU engine a burst of 40 then held 4 to 7 taken jobs that vLLM was not
-    running (p95; tests/engine/test_intake_real_engine.py), behind the preempted ones. Within the room, all at once, unless the worker held
-    all it was allowed less than a request's time in the engine ago: a worker that is kept full refills paced too,
-    or the requests a drained engine takes back together would end together again.
+    running (p95; tests/engine/test_intake_real_engine.py), behind the preempted ones. Within the room,
+    all at once, unless the worker held all it was allowed less than a request's time in the engine ago:
+    a worker that is kept full refills paced too, or the requests a drained engine takes back together
+    would end together again.
     Never fewer than it holds: runpod 1.12's job loop starts a job it has taken only while it runs fewer
     than this figure, so a figure below `held` would leave a taken job unstarted in the worker."""
     target, pace = limit.target, limit.pace_s
