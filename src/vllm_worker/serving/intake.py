@@ -157,8 +157,9 @@ def paced_target(kv_tokens: int, recent: Recent, block: int) -> float:
     worker's jobs a minute, this one 1.013 (three pairs). Half way, the requests overfill the cache only
     in the moments before the oldest ends, by about a quarter of a request's generated tokens: vLLM
     preempts the newest (a few blocks), and starts it again, its tokens recomputed, once the oldest has
-    ended and given its blocks back. The cost: a job taken while a preempted request waits in vLLM waits behind it (first-token
-    p95 0.25 to 0.71 s there, against 0.27 to 0.77 s; `allowed` keeps paced takes back while they wait)."""
+    ended and given its blocks back. The cost: a job taken while a preempted request waits in vLLM waits
+    behind it (first-token p95 0.25 to 0.71 s there, against 0.27 to 0.77 s; `allowed` keeps paced takes
+    back while they wait)."""
     return (held_at_peaks(kv_tokens, recent, block) + held_on_average(kv_tokens, recent, block)) / 2
 
 
