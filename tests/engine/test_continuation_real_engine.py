@@ -1,9 +1,9 @@
 """A job outlives its engine (issue 24), over the REAL vLLM CPU engine and the runpod SDK's job loop.
 
-Four jobs at temperature 0 (a completion and a chat completion, each streamed and plain, 600
-tokens) run undisturbed once, then again with the engine's whole process group SIGKILLed a third
-of the way through, then again through a hang (SIGSTOP of the group, a short
-ENGINE_HANG_TIMEOUT). Each time all four complete whole: every token asked for, one stream per
+Four jobs at temperature 0 (a completion and a chat completion, each streamed and plain, 1,500
+tokens) run undisturbed once, then again with the engine's whole process group SIGKILLed at least a
+third of the way through (frozen first, and only while no job has been answered), then again
+through a hang (SIGSTOP of the group, a short ENGINE_HANG_TIMEOUT). Each time all four complete whole: every token asked for, one stream per
 streamed job with no event twice (the completion's client asks for token ids, so every event's
 tokens are checked against the undisturbed run's) and usage adding up, each response naming the
 continuation. How many texts are identical to the undisturbed run's is printed (vLLM's CPU
@@ -21,19 +21,22 @@ import re
 import signal
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
-from tests.support import engine_env, vllm_metrics
+from tests.support import engine_env
 from tests.support.control_plane import ControlPlane
 from tests.support.worker_proc import WorkerProcess, engine_leader, kill_engine_group
 
 pytestmark = pytest.mark.engine
 
-TOKENS = 600
+TOKENS = 1500  # long enough that a loaded machine's slow reactions (seconds) still freeze them in flight
 HANG_TIMEOUT = 10  # as tests/engine/test_engine_hang.py: far above a busy engine's slowest /health here
+SETTLE_S = 3.0  # a frozen engine's jobs checked for answers after this: well inside HANG_TIMEOUT
 PROMPT = "Once upon a time, in a land far away,"
 MESSAGES = [{"role": "user", "content": "Tell me a long story about a dragon."}]
 SAMPLING = {"max_tokens": TOKENS, "min_tokens": TOKENS, "temperature": 0}
@@ -90,25 +93,61 @@ def outcome(cp: ControlPlane, name: str, job: str) -> dict[str, Any]:
     return {"text": text, "usage": usage[0], "worker": worker[-1] if worker else None, "ids": ids}
 
 
-def run_round(cp: ControlPlane, port: int, disturb: Any = None, extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The four jobs at once; `disturb` runs once a third of their tokens are generated."""
-    before = vllm_metrics.metric(port, "vllm:generation_tokens_total")
-    jobs = {name: cp.submit(job) for name, job in {**JOBS, **(extra or {})}.items()}
-    if disturb is not None:
-        third = len(jobs) * TOKENS / 3
-        deadline = time.monotonic() + engine_env.BOOT_TIMEOUT
-        while vllm_metrics.metric(port, "vllm:generation_tokens_total") - before < third:
-            assert time.monotonic() < deadline, "the jobs never got a third of the way"
-            time.sleep(0.05)
-        disturb()
-    results: dict[str, Any] = {}
-    for name, job in jobs.items():
-        results[name] = cp.result(job, timeout=engine_env.BOOT_TIMEOUT) if name not in JOBS else outcome(cp, name, job)
-    return results
+def streamed_ids(cp: ControlPlane, job: str) -> int:
+    """Token ids the streamed completion's client has received so far (whole events only)."""
+    text = "".join(part for part in cp.stream_outputs(job) if isinstance(part, str))
+    events = [line for line in text.splitlines(keepends=True) if line.startswith("data: {") and line.endswith("\n")]
+    return sum(len(choice.get("token_ids") or ()) for line in events for choice in json.loads(line[6:])["choices"])
+
+
+def run_round(
+    cp: ControlPlane, freeze: Any = None, extra: dict[str, Any] | None = None, tries: int = 3
+) -> dict[str, Any]:
+    """The four jobs at once; `freeze` runs once the streamed completion's client holds a third of its tokens.
+
+    What the client holds trails what vLLM made (never runs ahead of it), read in this process at once.
+    vLLM's /metrics did not serve: on a loaded machine a read waited about as long as the whole round,
+    and a clean-clone CI run killed the engine once its jobs had ended. `freeze` stops the engine and
+    returns False when a job had been answered by then: the round is let go on and run again."""
+    for _ in range(tries):
+        jobs = {name: cp.submit(job) for name, job in {**JOBS, **(extra or {})}.items()}
+        late = False
+        if freeze is not None:
+            deadline = time.monotonic() + engine_env.BOOT_TIMEOUT
+            while streamed_ids(cp, jobs["completion-streamed"]) < TOKENS / 3:
+                assert time.monotonic() < deadline, "the streamed completion's client never held a third of its tokens"
+                time.sleep(0.02)
+            late = not freeze(jobs)
+        results: dict[str, Any] = {}
+        for name, job in jobs.items():
+            results[name] = cp.result(job, timeout=engine_env.BOOT_TIMEOUT) if name not in JOBS else outcome(cp, name, job)
+        if not late:
+            return results
+        print("a job was answered before the engine was frozen: the round runs again")
+    raise AssertionError(f"in {tries} rounds a job was always answered before the engine was frozen")
+
+
+def frozen_in_flight(cp: ControlPlane, worker: WorkerProcess, jobs: dict[str, str]) -> psutil.Process | None:
+    """SIGSTOP of the engine's process group; its leader when no job has been answered SETTLE_S later (a
+    job vLLM ended just before the freeze is answered by then), else SIGCONT and None."""
+    leader = engine_leader(worker.pid)
+    os.killpg(leader.pid, signal.SIGSTOP)
+    time.sleep(SETTLE_S)
+    if any(cp.results_posted(job) for job in jobs.values()):
+        os.killpg(leader.pid, signal.SIGCONT)
+        return None
+    return leader
+
+
+@dataclass
+class Serving:
+    cp: ControlPlane
+    worker: WorkerProcess
+    base: dict[str, Any]  # the undisturbed round's outcomes
 
 
 @pytest.fixture(scope="module")
-def serving(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ControlPlane, WorkerProcess, int, dict[str, Any]]]:
+def serving(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Serving]:
     env = engine_env.tiny_worker_env(
         tiny_model,
         MAX_MODEL_LEN="2048",
@@ -122,9 +161,7 @@ def serving(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
         worker = WorkerProcess(env, control_plane=cp, workdir=tmp_path_factory.mktemp("continuation")).start()
         try:
             worker.wait_for_log(r"engine ready; taking jobs", timeout=engine_env.BOOT_TIMEOUT)
-            port = int(env["VLLM_PORT"])
-            undisturbed = run_round(cp, port)
-            yield cp, worker, port, undisturbed
+            yield Serving(cp, worker, run_round(cp))
         finally:
             worker.stop(timeout=120)
 
@@ -151,13 +188,16 @@ def report(label: str, results: dict[str, Any], base: dict[str, Any]) -> int:
     return len(same)
 
 
-def test_four_jobs_in_flight_when_the_engine_is_killed_complete_whole(serving: Any) -> None:
-    cp, worker, port, base = serving
+def test_four_jobs_in_flight_when_the_engine_is_killed_complete_whole(serving: Serving) -> None:
+    cp, worker, base = serving.cp, serving.worker, serving.base
 
-    def kill() -> None:
-        kill_engine_group(engine_leader(worker.pid))
+    def kill(jobs: dict[str, str]) -> bool:
+        leader = frozen_in_flight(cp, worker, jobs)
+        if leader is not None:
+            kill_engine_group(leader)
+        return leader is not None
 
-    results = run_round(cp, port, kill, extra={"seeded": SEEDED})
+    results = run_round(cp, kill, extra={"seeded": SEEDED})
     report("SIGKILL of the engine's process group", results, base)
 
     seeded = results["seeded"]
@@ -169,12 +209,12 @@ def test_four_jobs_in_flight_when_the_engine_is_killed_complete_whole(serving: A
     assert len(re.findall(r"continued on the restarted engine: \d+ tokens kept", worker.log())) >= 2
 
 
-def test_four_jobs_in_flight_when_the_engine_hangs_complete_whole(serving: Any) -> None:
-    cp, worker, port, base = serving
+def test_four_jobs_in_flight_when_the_engine_hangs_complete_whole(serving: Serving) -> None:
+    cp, worker, base = serving.cp, serving.worker, serving.base
 
-    def hang() -> None:
-        os.killpg(engine_leader(worker.pid).pid, signal.SIGSTOP)
+    def hang(jobs: dict[str, str]) -> bool:
+        return frozen_in_flight(cp, worker, jobs) is not None
 
-    results = run_round(cp, port, hang)
+    results = run_round(cp, hang)
     report(f"a hang (SIGSTOP, ENGINE_HANG_TIMEOUT={HANG_TIMEOUT})", results, base)
     assert "The engine stopped answering while serving" in worker.log()
