@@ -21,7 +21,7 @@ import os
 import re
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -60,9 +60,14 @@ SEEDED = {
 }
 
 
+def streamed_text(cp: ControlPlane, job: str) -> str:
+    """What the streamed job's client has read so far."""
+    return "".join(part for part in cp.stream_outputs(job) if isinstance(part, str))
+
+
 def events(cp: ControlPlane, job: str) -> tuple[list[dict[str, Any]], list[str]]:
     """The streamed job's data events (parsed) and its `: worker` comments, as its client reads them."""
-    text = "".join(part for part in cp.stream_outputs(job) if isinstance(part, str))
+    text = streamed_text(cp, job)
     data = [line[6:] for line in text.splitlines() if line.startswith("data: ")]
     assert data and data[-1] == "[DONE]" and data.count("[DONE]") == 1, data[-3:]
     comments = [line for line in text.splitlines() if line.startswith(": worker ")]
@@ -96,22 +101,24 @@ def outcome(cp: ControlPlane, name: str, job: str) -> dict[str, Any]:
 
 def streamed_ids(cp: ControlPlane, job: str) -> int:
     """Token ids the streamed completion's client has received so far (whole events only)."""
-    text = "".join(part for part in cp.stream_outputs(job) if isinstance(part, str))
-    events = [line for line in text.splitlines(keepends=True) if line.startswith("data: {") and line.endswith("\n")]
+    events = [line for line in streamed_text(cp, job).splitlines(keepends=True) if line.startswith("data: {") and line.endswith("\n")]
     return sum(len(choice.get("token_ids") or ()) for line in events for choice in json.loads(line[6:])["choices"])
 
 
 def run_round(
-    cp: ControlPlane, freeze: Any = None, extra: dict[str, Any] | None = None, tries: int = 3
+    cp: ControlPlane,
+    freeze: Callable[[dict[str, str]], bool] | None = None,
+    extra: dict[str, Any] | None = None,
+    tries: int = 3,
 ) -> dict[str, Any]:
     """The four jobs at once; `freeze` runs once the streamed completion's client holds an eighth of its tokens.
 
     What the client holds trails what vLLM made, read in this process at once: unloaded by little, with
     both cores busy by up to two thirds of the job (a third then froze the engine after a plain job had
-    ended, three rounds running).
-    vLLM's /metrics did not serve: on a loaded machine a read waited about as long as the whole round,
-    and a clean-clone CI run killed the engine once its jobs had ended. `freeze` stops the engine and
-    returns False when a job had been answered by then: the round is let go on and run again."""
+    ended, three rounds running). vLLM's /metrics did not serve: on a loaded machine a read waited about
+    as long as the whole round, and a clean-clone CI run killed the engine once its jobs had ended.
+    `freeze` stops the engine and returns False when a job had been answered by then: the round is let
+    go on and run again."""
     for _ in range(tries):
         jobs = {name: cp.submit(job) for name, job in {**JOBS, **(extra or {})}.items()}
         late = False
