@@ -9,7 +9,9 @@ tokens so far are free. Every running request makes one token a step. A step's t
 batch as bench/engine_batch.py measures it on the CPU engine (about 10.5 ms, +0.2 ms a request:
 2026-12-03, 94 tokens/s at one request, 425 at 5, 793 at 10, 1,522 at 24; a later run the same day
 76, 325, 586 and 1,166, 13.2 ms + 0.3 ms a request: the engine's speed drifts, its shape less); a prompt computed in a
-step, a preempted request's recompute too, adds 0.02 ms a token (assumed, not measured); `jitter`, when
+step, a preempted request's recompute too, adds 0.02 ms a token (assumed; bench/engine_batch.py --prompts
+measured 0.003 ms on 2026-12-05 beside a 5.4-ms step of one request, so here a fixed worker's preemptions
+cost it more than on the engine); `jitter`, when
 given, is a factor on each step's time (the real engine's speed drifts). The worker's side: jobs come
 from a queue that never empties (or, for a burst, holds `jobs` at the start), reach the engine TAKE_S
 after they are taken and leave the worker POST_S after their last token; the job loop asks the intake
