@@ -6,15 +6,19 @@ still queues, the worker must hold few jobs it has taken that the engine is not 
 taking MAX_CONCURRENCY=30 held 25: issue 26), and every job must complete. The status job shows the
 limit and why. bench/intake.py has the timings, against a fixed worker.
 
-Issue 26 aims at a p95 of at most 2. The worker takes the next job the moment one ends, so every
-refill of a batch that ends together is taken and not yet running for a moment, and on two busy
-cores that moment is long: the raw count's p95 was 1 to 5 from run to run with two engine files at
-once (on a quiet machine bench/intake.py measured it at 1 to 2, all of it outside vLLM, before the
-first token). The test asserts the count less the jobs on their way in (taken under ON_THE_WAY_S
-ago, no token yet: the SDK's take, the relay, vLLM's tokenizer and next step), measured at 0 to 2
-with another engine file beside it, against a bound of 3 (one over the target, for a CI run's
-load), and prints both. A worker that holds jobs back fails it: the fixed MAX_CONCURRENCY=30
-worker's p95 on that measure is 23 to 24 in the bench (its jobs wait in vLLM for many seconds).
+Issue 26 aims at a p95 of at most 2 jobs a second worker could have started. Each sample counts the
+jobs taken and not answered, less three kinds that no second worker could have started sooner, and
+prints the count before each is taken off, and every sample over the bound with its parts:
+- the jobs on their way in (taken under ON_THE_WAY_S ago, no token yet: the SDK's take, the relay,
+  vLLM's tokenizer and next step);
+- the jobs vLLM runs (its num_requests_running);
+- the jobs vLLM has finished whose answers are still on their way to the platform (its
+  request_success_total less the jobs answered): runpod 1.12 posts each part a streaming handler
+  yields as one awaited request, and on two busy cores these lag seconds behind vLLM (up to 5 at
+  once with busy loops on the cores, 2026-12-06).
+What is left waits inside vLLM, preempted or not yet started: what the fixed MAX_CONCURRENCY=30
+worker holds 23 to 25 of (bench/intake.py), and what a target past the cache's peaks held 3 of for
+seconds at a time (serving.intake.paced_target).
 """
 
 from __future__ import annotations
@@ -35,15 +39,21 @@ pytestmark = pytest.mark.engine
 JOBS = 40
 TOKENS = 600
 SAMPLE_S = 0.25
-P95_BOUND = 3  # issue 26's target is 2: see the module docstring
+P95_BOUND = 3  # issue 26 aims at 2: one over it for a CI run's load (see the module docstring)
 # A job taken this recently that has no token yet is on its way into the engine (the SDK's take, the
 # relay, vLLM's tokenizer and next step), not held from it: as long as runpod 1.12 itself leaves a
 # free slot empty before it asks again.
 ON_THE_WAY_S = 1.0
 
 
-def running_in_engine(port: int) -> int:
-    return int(vllm_metrics.metric(port, "vllm:num_requests_running"))
+def in_engine(port: int) -> tuple[int, int, int]:
+    """vLLM's running and waiting requests and the requests it has finished, from one read of its /metrics."""
+    text = vllm_metrics.read(port)
+    running, waiting, finished = (
+        int(sum(vllm_metrics.values(text, name)))
+        for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:request_success_total")
+    )
+    return running, waiting, finished
 
 
 def test_a_burst_stays_in_the_platforms_queue_and_every_job_completes(tiny_model: Path, tmp_path: Path) -> None:
@@ -59,6 +69,8 @@ def test_a_burst_stays_in_the_platforms_queue_and_every_job_completes(tiny_model
             jobs = [cp.submit({"openai_route": "/v1/completions", "openai_input": body}) for _ in range(JOBS)]
             spare: list[int] = []
             settled: list[int] = []
+            unfinished: list[int] = []
+            rows: list[tuple[float, int, int, int, int, int, int, float]] = []
             done = threading.Event()
 
             def sample() -> None:
@@ -69,9 +81,15 @@ def test_a_burst_stays_in_the_platforms_queue_and_every_job_completes(tiny_model
                     lines = [cp.timeline(j) for j in jobs]
                     held = [t for t in lines if t["taken"] is not None and t["done"] is None]
                     arriving = [t for t in held if t["first_stream"] is None and at - (t["taken"] or at) < ON_THE_WAY_S]
-                    engine = running_in_engine(port)
+                    answered = sum(1 for t in lines if t["done"] is not None)
+                    engine, waiting, finished = in_engine(port)
                     spare.append(len(held) - engine)
                     settled.append(len(held) - len(arriving) - engine)
+                    # Held jobs vLLM has already finished (their answers still on their way to the platform) could
+                    # not be started by a second worker: neither running nor waiting, they are done computing.
+                    relaying = finished - answered
+                    unfinished.append(len(held) - len(arriving) - engine - relaying)
+                    rows.append((at, len(held), len(arriving), engine, waiting, relaying, cp.queued(), time.monotonic() - at))
 
             sampler = threading.Thread(target=sample, daemon=True)
             sampler.start()
@@ -86,12 +104,18 @@ def test_a_burst_stays_in_the_platforms_queue_and_every_job_completes(tiny_model
 
     assert [r["error"] for r in results if "error" in r] == []
     assert spare, "the platform never queued: nothing was measured"
-    p95, settled_p95 = (sorted(xs)[math.ceil(0.95 * len(xs)) - 1] for xs in (spare, settled))
+    p95, settled_p95, unfinished_p95 = (sorted(xs)[math.ceil(0.95 * len(xs)) - 1] for xs in (spare, settled, unfinished))
     print(
         f"taken but not running while the platform queued: p95 {p95}, max {max(spare)}, {len(spare)} samples; "
-        f"less the jobs in their first {ON_THE_WAY_S:g} s without a token: p95 {settled_p95}, max {max(settled)}"
+        f"less the jobs in their first {ON_THE_WAY_S:g} s without a token: p95 {settled_p95}, max {max(settled)}; "
+        f"less those vLLM had finished too: p95 {unfinished_p95}, max {max(unfinished)}"
     )
-    assert settled_p95 <= P95_BOUND
+    start = rows[0][0] if rows else 0.0
+    for at, held, arriving, engine, waiting, relaying, queued, read_s in rows:
+        if held - arriving - engine > P95_BOUND:
+            print(f"{at - start:7.2f} s: held {held}, arriving {arriving}, running {engine}, waiting in vLLM {waiting}, "
+                  f"finished in vLLM and not answered {relaying}, queued {queued}, sample took {read_s:.2f} s")
+    assert unfinished_p95 <= P95_BOUND
     assert status["adaptive"] is True and 1 <= status["limit"] <= 30 and status["reason"]
     assert status["left_in_platform_queue"] == 30 - max(status["limit"], status["paced_up_to"] or 0)
     # The 40 finished requests' means, from vLLM's own histograms: the tiny model's prompt and the 600 tokens.

@@ -203,12 +203,17 @@ def test_the_intake_reads_a_first_read_with_no_preemptions_and_what_finished_sin
 
 
 def test_the_intake_reads_the_preemptions_and_the_requests_finished_since_the_last_read() -> None:
-    before = sample(1.0, running=2, preemptions=4, finished=3, finished_prompt=100, finished_generated=50, finished_seconds=1.5)
-    now = sample(2.0, running=3, kv=0.9, preemptions=7, finished=4, finished_prompt=400, finished_generated=62, finished_seconds=2.75)
+    before = sample(1.0, running=2, preemptions=4, generated=900, finished=3, finished_prompt=100, finished_generated=50,
+                    finished_seconds=1.5)
+    now = sample(2.5, running=3, kv=0.9, preemptions=7, generated=1150, finished=4, finished_prompt=400, finished_generated=62,
+                 finished_seconds=2.75)
     assert engine_load.engine_now(now, before) == EngineNow(
         3, 0, 0.9, preempted=3, finished=1, prompt_tokens=300, generated_tokens=12, engine_seconds=1.25, kv_tokens=4096,
-        block_size=128,
+        block_size=128, generated_now=250, seconds=1.5, running_before=2,
     )
+    # The first read of an engine: no step to see (what it generated since it started took an unknown time).
+    first = engine_load.engine_now(now, None)
+    assert first is not None and (first.generated_now, first.seconds, first.running_before) == (0.0, 0.0, None)
     assert now.finished_engine_seconds == 2.75  # a sum of seconds stays a fraction
 
 

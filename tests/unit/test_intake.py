@@ -82,7 +82,7 @@ def test_paced_takes_come_at_least_a_pace_apart(asks: list[tuple[float, int]]) -
     gate = intake.Intake(lambda: BOUNDS, held=lambda: held[0], clock=lambda: clock[0])
     gate.observe(EngineNow(5, 0, 0.9, finished=1, prompt_tokens=42, generated_tokens=600, engine_seconds=12, block_size=128), 0.0)
     limit = gate._limit
-    assert (limit.value, limit.target) == (5, 10) and limit.pace_s == pytest.approx(12 / (4096 / 406))
+    assert (limit.value, limit.target) == (5, 9) and limit.pace_s == pytest.approx(12 / (4096 / 406))
     grants: list[float] = []
     for dt, h in asks:
         clock[0] += dt
@@ -111,9 +111,9 @@ def test_the_cache_holds_on_average_what_a_request_holds_over_its_life_and_at_th
     assert intake.held_on_average(4096, BENCH, 16) == pytest.approx(4096 / 350)
     assert intake.held_at_peaks(4096, BENCH, 128) == pytest.approx((4096 - 364) / 406)
     assert intake.held_at_peaks(4096, BENCH, 16) == pytest.approx((4096 - 308) / 350)
-    # The paced target is half way: 4,096 less a quarter of a request's generated tokens and of a block, 9.6.
-    assert intake.paced_target(4096, BENCH, 128) == pytest.approx((4096 - 182) / 406)
-    assert intake.paced_target(4096, BENCH, 16) == pytest.approx((4096 - 154) / 350)
+    # The paced target is what the cache holds at the peaks, to the nearest request: 9.19 and 10.8.
+    assert intake.paced_target(4096, BENCH, 128) == 9
+    assert intake.paced_target(4096, BENCH, 16) == 11
 
 
 def test_recent_means_follow_the_requests_finished_the_later_ones_weighing_more() -> None:
@@ -133,37 +133,72 @@ def test_before_any_request_finished_the_room_counts_max_model_len_and_nothing_i
     assert limit.reason == "1 running, 0 waiting, KV cache 5% used: the KV cache holds 1 more request(s) of 2,048 tokens to their end"
 
 
-def test_past_the_room_the_worker_is_paced_up_to_half_way_between_the_peaks_and_the_average() -> None:
+def test_past_the_room_the_worker_is_paced_up_to_what_the_cache_holds_at_the_peaks() -> None:
     # 5 running of the bench's 642 tokens hold 30 of 32 blocks at their end: no room; 10.1 on average, 9.2 at the
-    # peaks: 10, to the nearest request of 9.6.
+    # peaks: 9.
     now = EngineNow(5, 0, 0.5, finished=1, prompt_tokens=42, generated_tokens=600, engine_seconds=12, kv_tokens=4096, block_size=128)
     limit = intake.decide(intake.first(Bounds(30)), now, Bounds(30))
-    assert (limit.value, limit.target) == (5, 10) and limit.pace_s == pytest.approx(12 / (4096 / 406))
+    assert (limit.value, limit.target) == (5, 9) and limit.pace_s == pytest.approx(12 / (4096 / 406))
     assert limit.reason.endswith(
-        "; paced: one more every 1.19 s (a recent request's 12.0 s in the engine over the 10.1 the cache holds on average) "
-        "up to 10, half way between what it holds at their peaks and on average"
+        "; paced: one more every 1.19 s (59 tokens of a running request apart: a recent request's 600 generated tokens "
+        "over the 10.1 the cache holds on average, at 20.0 ms a token now) up to 9, what it holds at their peaks"
     )
     assert intake.allowed(limit, 5, None, 100.0) == 6
     assert intake.allowed(limit, 6, 100.0, 101.0) == 6  # within the pace: what it holds
     assert intake.allowed(limit, 6, 100.0, 101.2) == 7
-    assert intake.allowed(limit, 10, 0.0, 100.0) == 10  # at the target: no more
+    assert intake.allowed(limit, 9, 0.0, 100.0) == 9  # at the target: no more
     assert intake.allowed(limit, 3, 100.0, 100.0) == 5  # under the room: the room, at once
     waiting = intake.decide(limit, EngineNow(5, 1, 0.9, block_size=128, kv_tokens=4096), Bounds(30))
     assert waiting.waiting == 1 and waiting.reason.endswith(
-        "up to 10, half way between what it holds at their peaks and on average, "
+        "up to 9, what it holds at their peaks, "
         "once more jobs have ended than the 1 request(s) waiting inside the engine"
     )
     assert intake.allowed(waiting, 5, None, 200.0) == 5
 
 
-def test_the_target_is_half_way_between_the_peaks_and_the_average_to_the_nearest_request_and_at_most_max_concurrency() -> None:
+def test_the_pace_is_kept_in_the_engines_tokens_and_timed_by_its_steps_now() -> None:
+    # 600 generated tokens over the 10.1 requests the cache holds on average: starts 59 tokens apart.
+    b = Bounds(30, 4096)
+    apart = 600 / (4096 / 406)
+    # No step seen yet: a token as long as the recent requests' (12 s over 600 tokens).
+    finished = EngineNow(5, 0, 0.5, finished=1, prompt_tokens=42, generated_tokens=600, engine_seconds=12, block_size=128)
+    before = intake.decide(intake.first(b), finished, b)
+    assert before.token_s == pytest.approx(0.02) and before.pace_s == pytest.approx(apart * 0.02)
+
+    def read(limit: Limit, running: int, tokens: float, seconds: float = 2.0, running_before: int | None = 5) -> Limit:
+        now = EngineNow(running, 0, 0.5, block_size=128, generated_now=tokens, seconds=seconds, running_before=running_before)
+        return intake.decide(limit, now, b)
+
+    # 5 running made 500 tokens in 2 s: a step of 20 ms, the same; then 250 in 2 s, a step of 40 ms: the machine
+    # slowed, so the starts stay as many tokens apart and more seconds (each read weighs half).
+    same = read(before, 5, 500)
+    assert same.token_s == pytest.approx(0.02) and same.pace_s == pytest.approx(apart * 0.02)
+    slower = read(same, 5, 250)
+    assert slower.token_s == pytest.approx(0.03) and slower.pace_s == pytest.approx(apart * 0.03)
+    assert "at 30.0 ms a token now" in slower.reason
+    # From 5 running to 15, 10 on average, at 10 ms a step: 2,000 tokens in 2 s (the running at the read alone
+    # would make it 15 ms): half of it and half of the 30 ms before.
+    batch = read(slower, 15, 2000)
+    assert batch.token_s == pytest.approx(0.02)
+    # No earlier read of the running: the running at this read (10 ms).
+    assert read(batch, 10, 2000, running_before=None).token_s == pytest.approx(0.015)
+    # Nothing ran since (no tokens, or no time): the last step stands, and a read without figures keeps it.
+    idle = read(batch, 0, 0, running_before=0)
+    assert idle.token_s == batch.token_s and read(idle, 3, 30, seconds=0.0).token_s == idle.token_s
+    assert intake.decide(idle, None, b).token_s == idle.token_s
+    # Before any request finished nothing is paced, and a step seen then is kept for later.
+    early = intake.decide(intake.first(BOUNDS), EngineNow(2, 0, 0.1, generated_now=100, seconds=1.0, running_before=2), BOUNDS)
+    assert early.pace_s is None and early.token_s == pytest.approx(0.02)
+
+
+def test_the_target_is_what_the_cache_holds_at_the_peaks_to_the_nearest_request_and_at_most_max_concurrency() -> None:
     def target(kv: int, top: int = 30) -> int | None:
         now = EngineNow(1, 0, 0.0, finished=1, prompt_tokens=42, generated_tokens=600, engine_seconds=12, block_size=128)
         return intake.decide(Limit(1, "x"), now, Bounds(top, kv, 2048)).target
 
-    assert target(4096) == 10  # 9.64
-    assert target(406 * 9 + 203 + 182) == 10  # 9.5: up
-    assert target(406 * 9 + 202 + 182) == 9
+    assert target(4096) == 9  # 9.19
+    assert target(406 * 9 + 203 + 364) == 10  # 9.5: up
+    assert target(406 * 9 + 202 + 364) == 9
     assert target(10**6, top=30) == 30
     # Where the room is already the whole target, nothing is paced.
     roomy = intake.decide(Limit(1, "x"), EngineNow(0, 0, 0.0, finished=1, prompt_tokens=10, generated_tokens=10, engine_seconds=1), BOUNDS)
@@ -188,15 +223,15 @@ def test_the_holder_logs_a_change_at_most_every_log_every_s(caplog: pytest.LogCa
     gate = intake.Intake(lambda: BOUNDS, held=lambda: 5)
     paced = EngineNow(5, 0, 0.5, finished=1, prompt_tokens=42, generated_tokens=600, engine_seconds=12, block_size=128)
     with caplog.at_level(logging.INFO, logger="vllm_worker"):
-        gate.observe(paced, 100.0)  # 3 -> 5, paced to 10: logged
+        gate.observe(paced, 100.0)  # 3 -> 5, paced to 9: logged
         gate.observe(EngineNow(4, 0, 0.95, block_size=128), 110.0)  # 5 -> 4, within LOG_EVERY_S of the last line
         gate.observe(EngineNow(3, 0, 0.95, block_size=128), 130.0)  # 4 -> 3, LOG_EVERY_S after it: logged, 2 changes
         assert len(caplog.records) == 2  # at LOG_EVERY_S exactly, not at the next read
         gate.observe(EngineNow(3, 0, 0.95, block_size=128), 170.0)  # no change: nothing
     lines = [r.getMessage() for r in caplog.records]
     assert [line.split(":")[0] for line in lines] == [
-        "taking up to 5 job(s) at once, then one at a time up to 10 (was 3)",
-        "taking up to 3 job(s) at once, then one at a time up to 10 (was 5; 2 changes since the last line)",
+        "taking up to 5 job(s) at once, then one at a time up to 9 (was 3)",
+        "taking up to 3 job(s) at once, then one at a time up to 9 (was 5; 2 changes since the last line)",
     ]
 
 
@@ -212,21 +247,22 @@ def test_the_engine_figures_give_what_finished_since_the_last_read() -> None:
         'vllm:kv_cache_usage_perc{engine="0"} 0.5\nvllm:num_preemptions_total{engine="0"} 4\n'
         'vllm:request_prompt_tokens_sum{engine="0"} 100\nvllm:request_prompt_tokens_count{engine="0"} 4\n'
         'vllm:request_generation_tokens_sum{engine="0"} 2300\nvllm:request_generation_tokens_count{engine="0"} 4\n'
-        'vllm:request_inference_time_seconds_sum{engine="0"} 40.5\n'
+        'vllm:request_inference_time_seconds_sum{engine="0"} 40.5\nvllm:generation_tokens_total{engine="0"} 5150\n'
     )
     before = engine_load.parse(
         text.replace('total{engine="0"} 4', 'total{engine="0"} 1').replace('count{engine="0"} 4', 'count{engine="0"} 1')
-        .replace("tokens_sum{engine=\"0\"} 100", "tokens_sum{engine=\"0\"} 20").replace("2300", "500").replace("40.5", "10.25"),
+        .replace("tokens_sum{engine=\"0\"} 100", "tokens_sum{engine=\"0\"} 20").replace("2300", "500").replace("40.5", "10.25")
+        .replace("5150", "4750").replace('running{engine="0"} 3', 'running{engine="0"} 2'),
         at=1.0,
     )
     now = engine_load.engine_now(engine_load.parse(text, at=2.0), before)
     assert now == EngineNow(
         running=3, waiting=1, kv_cache_usage=0.5, preempted=3, finished=3, prompt_tokens=80, generated_tokens=1800,
-        engine_seconds=30.25,
+        engine_seconds=30.25, generated_now=400, seconds=1.0, running_before=2,
     )
-    # The first read of an engine: everything since it started, no preemption rate.
+    # The first read of an engine: everything since it started, no preemption rate, no step.
     assert engine_load.engine_now(before, None) == EngineNow(
-        3, 1, 0.5, preempted=0, finished=1, prompt_tokens=20, generated_tokens=500, engine_seconds=10.25
+        2, 1, 0.5, preempted=0, finished=1, prompt_tokens=20, generated_tokens=500, engine_seconds=10.25
     )
     assert engine_load.engine_now(None, before) is None
 
@@ -271,7 +307,7 @@ def test_the_status_job_shows_the_limit_the_pace_why_and_the_slots_left_to_the_p
         handler.configure(None)  # type: ignore[arg-type]
     shown = report["intake"]
     assert shown == gate.status()
-    assert (shown["limit"], shown["paced_up_to"], shown["left_in_platform_queue"]) == (5, 10, 20)
+    assert (shown["limit"], shown["paced_up_to"], shown["left_in_platform_queue"]) == (5, 9, 21)
     assert shown["pace_seconds"] == round(12 / (4096 / 406), 3)
     assert shown["recent_requests"] == {"prompt_tokens": 42.0, "generated_tokens": 600.0, "engine_seconds": 12.0}
     assert "1 preempted since the last read" in shown["reason"] and shown["engine"]["waiting"] == 1
@@ -291,8 +327,10 @@ def capacity_aware(b: Bounds) -> tuple[Callable[[float, int, kv_model.Engine], i
     clock, held = [0.0], [0]
     gate = intake.Intake(lambda: b, held=lambda: held[0], clock=lambda: clock[0])
     preempted = [0]
+    made: list[tuple[float, int, int]] = []  # the previous read: when, the tokens generated until then, running
 
     def observe(at: float, engine: kv_model.Engine, finished: list[kv_model.Request]) -> None:
+        total = sum(r.out for r in [*engine.finished, *engine.running, *engine.waiting])
         now = EngineNow(
             running=len(engine.running),
             waiting=len(engine.waiting),
@@ -304,7 +342,11 @@ def capacity_aware(b: Bounds) -> tuple[Callable[[float, int, kv_model.Engine], i
             engine_seconds=sum((r.done or at) - (r.scheduled or at) for r in finished),
             kv_tokens=engine.blocks * engine.block_size,
             block_size=engine.block_size,
+            generated_now=total - made[-1][1] if made else 0.0,
+            seconds=at - made[-1][0] if made else 0.0,
+            running_before=made[-1][2] if made else None,
         )
+        made[:] = [(at, total, len(engine.running))]
         preempted[0] = engine.preemptions
         gate.observe(now, at)
 
@@ -343,7 +385,10 @@ def test_with_a_backlog_the_worker_keeps_the_engine_about_as_busy_as_a_fixed_wor
     limit, observe, _ = capacity_aware(Bounds(30, blocks * block, 2048))
     aware = kv_model.run(limit, observe, **kw)  # type: ignore[arg-type]
     assert p95(given_all.taken_not_running) >= 15  # the fixed worker's jobs wait in vLLM
-    assert aware.completed >= 0.88 * given_all.completed, (aware.completed, given_all.completed)
+    # Up to the peaks, jobs of 100 and 200 tokens complete 0.85 of the fixed worker's here: a job's take
+    # and answer leave its slot empty for a moment, and a short job's life is short. A target half way to
+    # the average kept 0.90 there by overfilling the cache, so preempting (paced_target says why not).
+    assert aware.completed >= 0.84 * given_all.completed, (aware.completed, given_all.completed)
     assert p95(aware.taken_not_running) <= 2
     assert p95(aware.first_token_waits) <= 1.25
 

@@ -17,9 +17,9 @@ from vllm_worker.serving.intake import Bounds, EngineNow, Limit, Recent
 BOUNDS = Bounds(max_concurrency=30, kv_tokens=4096, max_model_len=2048)
 BENCH = Recent(prompt=42.0, generated=600.0, engine_seconds=12.0)
 # 5 running requests of the bench's 642 tokens on 128-token blocks: no room to the end, 10.1 on average, 9.2 at the peaks:
-# paced up to 10.
+# paced up to 9.
 FIVE = EngineNow(5, 0, 0.5, finished=1, prompt_tokens=42, generated_tokens=600, engine_seconds=12, block_size=128)
-PACED = Limit(5, "x", target=10, pace_s=1.2, recent=BENCH)
+PACED = Limit(5, "x", target=10, pace_s=1.2, recent=BENCH)  # a target of 10 from an earlier rule: `allowed` takes it as given
 
 
 def test_a_request_of_one_token_is_a_length() -> None:
@@ -85,8 +85,8 @@ def test_the_paced_reason_says_the_average_the_pace_and_the_target() -> None:
     limit = intake.decide(Limit(5, "x"), FIVE, BOUNDS)
     assert limit.reason == (
         "5 running, 0 waiting, KV cache 50% used: the KV cache holds 0 more request(s) of 642 tokens to their end; "
-        "paced: one more every 1.19 s (a recent request's 12.0 s in the engine over the 10.1 the cache holds on average) "
-        "up to 10, half way between what it holds at their peaks and on average"
+        "paced: one more every 1.19 s (59 tokens of a running request apart: a recent request's 600 generated tokens "
+        "over the 10.1 the cache holds on average, at 20.0 ms a token now) up to 9, what it holds at their peaks"
     )
     assert limit.recent == BENCH and not limit.waiting
 
@@ -152,16 +152,17 @@ def test_the_holder_before_any_read_and_after_one() -> None:
     assert gate.status() == {
         "adaptive": True,
         "limit": 5,
-        "paced_up_to": 10,
+        "paced_up_to": 9,
         "pace_seconds": round(12.0 / (4096 / (127 / 3 + 1801 / 6 + 64)), 3),
         "max_concurrency": 30,
         "reason": after.reason,
         "engine": {"running": 5, "waiting": 1, "kv_cache_usage": 0.1235, "preempted_since_last_read": 2, "held_by_worker": 3},
         "recent_requests": {"prompt_tokens": 42.3, "generated_tokens": 600.3, "engine_seconds": 12.0},
-        "left_in_platform_queue": 20,
+        "left_in_platform_queue": 21,
     }
     assert after.reason.endswith(
-        "and on average, once more jobs have ended than the 1 request(s) waiting inside the engine (2 preempted since the last read)"
+        "up to 9, what it holds at their peaks, once more jobs have ended than the 1 request(s) waiting inside the engine "
+        "(2 preempted since the last read)"
     )
     gate.observe(None, 300.0)  # no figures (DISABLE_LOG_STATS): none shown
     assert gate.status()["engine"] is None and gate.value == 30 and gate.status()["left_in_platform_queue"] == 0
@@ -172,14 +173,14 @@ def test_the_log_line_names_the_pace_only_when_there_is_one(caplog: pytest.LogCa
     with caplog.at_level(logging.INFO, logger="vllm_worker"):
         gate.observe(EngineNow(3, 0, 0.1), 100.0)  # no room for a request of 2,048 beside 3: still 3, no line
         gate.observe(EngineNow(1, 0, 0.0), 140.0)  # 3 -> 2
-        gate.observe(FIVE, 180.0)  # 2 -> 5, paced to 10
+        gate.observe(FIVE, 180.0)  # 2 -> 5, paced to 9
         gate.observe(FIVE, 220.0)  # the same: no line
         roomy = EngineNow(0, 0, 0.0, finished=1, prompt_tokens=10, generated_tokens=10, engine_seconds=1, block_size=128)
         reason = intake.Intake(lambda: BOUNDS).observe(roomy, 0.0).reason  # 3 -> 30, its target 30 too: nothing to pace
     lines = [r.getMessage() for r in caplog.records]
     assert [line.split(":")[0] for line in lines] == [
         "taking up to 2 job(s) at once (was 3)",
-        "taking up to 5 job(s) at once, then one at a time up to 10 (was 2)",
+        "taking up to 5 job(s) at once, then one at a time up to 9 (was 2)",
         "taking up to 30 job(s) at once (was 3)",
     ]
     assert lines[-1].endswith(": " + reason)
@@ -209,7 +210,7 @@ def test_the_holder_counts_an_end_from_what_it_holds_and_forgets_it_at_the_next_
     gate = intake.Intake(lambda: BOUNDS, held=lambda: held[0], clock=lambda: clock[0])
     waits = EngineNow(6, 1, 0.95, finished=1, prompt_tokens=42, generated_tokens=600, engine_seconds=12, block_size=128)
     gate.observe(waits, 100.0)
-    assert gate._limit.waiting and gate._limit.target == 10
+    assert gate._limit.waiting and gate._limit.target == 9
     assert gate.allowed_now() == 7  # what waited still waits
     clock[0] = 100.5
     assert gate.allowed_now() == 7 and not gate._ended_since_read  # held the same: nothing ended

@@ -191,7 +191,7 @@ def _same_engine(previous: Sample | None, current: Sample) -> bool:
 def engine_now(current: Sample | None, previous: Sample | None) -> intake.EngineNow | None:
     """What the intake decision reads of one sample: the gauges, and since `previous` (the same engine's;
     since the engine started when there is none) the preemptions and the requests finished, with their
-    tokens and time in the engine."""
+    tokens and time in the engine, and (only since a `previous` read of it) the tokens made and the seconds."""
     if current is None:
         return None
     base = previous if _same_engine(previous, current) else None
@@ -211,6 +211,9 @@ def engine_now(current: Sample | None, previous: Sample | None) -> intake.Engine
         engine_seconds=since("finished_engine_seconds"),
         kv_tokens=current.kv_tokens,
         block_size=current.block_size,
+        generated_now=since("generation_tokens") if base is not None else 0.0,
+        seconds=max(0.0, current.at - base.at) if base is not None else 0.0,
+        running_before=base.running if base is not None else None,
     )
 
 

@@ -13,18 +13,19 @@ and the clock at each take:
 - Full use, paced: past that room the cache holds more, since requests started at different times are
   at different lengths. Started a pace apart, requests like the recent ones hold on average what one
   holds over its life (its prompt, half its generated tokens, half a block), and at their peaks, just
-  before the oldest ends, about half a request's generated tokens more: the target is half way
-  between the two, to the nearest request (`paced_target` says why not the peaks). Up to it the worker
-  takes one more job at a time, a pace apart (a recent request's time in the engine over what the
-  cache holds on average), and none while requests wait inside vLLM (what waits there was preempted,
+  before the oldest ends, about half a request's generated tokens more: the target is what the cache
+  holds at the peaks, whole (`paced_target` says why not more). Up to it the worker takes one more job
+  at a time, a pace apart, and none while requests wait inside vLLM (what waits there was preempted,
   or cannot start) unless more jobs have ended since that read than waited (each one's blocks let one
-  that waited start; the one more leaves room for a new job). A
-  worker that held all it was allowed (its target, or its room before any request finished) within a
-  request's time refills a drained room paced too. Why paced: requests started together end
-  together, so an engine refilled in one go runs in lockstep, its cache about half empty between
-  batches (measured on vLLM's CPU engine: 6.5 requests running where a worker that gives vLLM every
-  job keeps 10.1, and 0.70 of its tokens a second); started a pace apart, their ends spread and the
-  cache stays nearly as full as vLLM keeps it with a queue, without the queue and with few preemptions.
+  that waited start; the one more leaves room for a new job). The pace is kept in the engine's tokens
+  (a recent request's generated tokens over what the cache holds on average) and timed by the engine's
+  step now (`token_seconds`), so a slower engine spaces its starts as many tokens apart. A worker that
+  held all it was allowed (its target, or its room before any request finished) within a request's
+  time refills a drained room paced too. Why paced: requests started together end together, so an
+  engine refilled in one go runs in lockstep, its cache about half empty between batches (measured on
+  vLLM's CPU engine: 6.5 requests running where a worker that gives vLLM every job keeps 10.1, and
+  0.70 of its tokens a second); started a pace apart, their ends spread and the cache stays nearly as
+  full as vLLM keeps it with a queue, without the queue.
 - Nothing known of the KV cache's size: up to MAX_CONCURRENCY.
 
 Recent requests: means over those finished so far, each earlier one weighing KEEP as much per request
@@ -76,6 +77,9 @@ class EngineNow:
     engine_seconds: float = 0.0  # their time in the engine, summed (vLLM's inference time: first scheduled to last token)
     kv_tokens: int | None = None  # the KV cache's size as vLLM's cache_config_info gives it (when the plan has none)
     block_size: int | None = None  # the tokens of one KV cache block, from the same labels
+    generated_now: float = 0.0  # tokens generated since the previous read, by every request
+    seconds: float = 0.0  # since the previous read (0: no earlier read of this engine)
+    running_before: int | None = None  # requests running at the previous read
 
 
 @dataclass(frozen=True)
@@ -115,6 +119,14 @@ class Limit:
     pace_s: float | None = None  # seconds between two paced takes (past the room, or any when kept full)
     waiting: int = 0  # requests waiting inside the engine at this read: no paced take until more jobs have ended
     recent: Recent | None = None
+    token_s: float | None = None  # the engine's seconds a token of one running request, lately
+
+    @property
+    def life_s(self) -> float | None:
+        """A recent request's time in the engine at its speed now (its generated tokens at `token_s`)."""
+        if self.recent is None:
+            return None
+        return self.recent.generated * self.token_s if self.token_s is not None else self.recent.engine_seconds
 
 
 def _blocks(tokens: float, block: int) -> int:
@@ -149,18 +161,41 @@ def held_at_peaks(kv_tokens: int, recent: Recent, block: int) -> float:
     return (kv_tokens - recent.generated / 2 - block / 2) / _held_over_a_life(recent, block)
 
 
-def paced_target(kv_tokens: int, recent: Recent, block: int) -> float:
-    """Requests to keep, paced: half way between what the KV cache holds at their peaks and on average.
+def paced_target(kv_tokens: int, recent: Recent, block: int) -> int:
+    """Requests to keep, paced: what the KV cache holds at their peaks, to the nearest request.
 
-    At the peaks alone vLLM rarely preempts, but the cache stays emptier than vLLM keeps it with a queue:
-    on the CPU engine (bench/intake.py, 2026-12-03 and 12-05) that worker completed 0.905 of a fixed
-    worker's jobs a minute, this one 1.013 (three pairs). Half way, the requests overfill the cache only
-    in the moments before the oldest ends, by about a quarter of a request's generated tokens: vLLM
-    preempts the newest (a few blocks), and starts it again, its tokens recomputed, once the oldest has
-    ended and given its blocks back. The cost: a job taken while a preempted request waits in vLLM waits
-    behind it (first-token p95 0.25 to 0.71 s there, against 0.27 to 0.77 s; `allowed` keeps paced takes
-    back while they wait)."""
-    return (held_at_peaks(kv_tokens, recent, block) + held_on_average(kv_tokens, recent, block)) / 2
+    Held that many, the requests end a steady number of tokens apart (as many as they are, over a request's
+    generated tokens) and the cache holds them at the moment before the oldest ends, so vLLM never preempts
+    by design, and what the worker holds runs. A target up to half way to what the cache holds on average
+    (tried until 2026-12-05) kept vLLM's cache fuller: on the CPU engine that worker completed 1.013 of a
+    fixed worker's jobs a minute where this one completed 0.905 (three pairs, pace in seconds), but its
+    requests overfilled the cache before each end, vLLM preempted the newest, and the preempted ones waited
+    inside vLLM behind the running ones: a clean-clone CI run's burst held 4 such jobs (p95), another 7, where
+    the acceptance of issue 26 allows 2. The cost here is throughput, where the cache's blocks are large
+    against a request (vLLM's CPU backend: 128 tokens)."""
+    return max(0, math.floor(held_at_peaks(kv_tokens, recent, block) + 0.5))
+
+
+def token_seconds(before: float | None, now: EngineNow, recent: Recent | None) -> float | None:
+    """Seconds the engine takes now for one token of a running request: a step, as the reads see it (the time
+    since the previous read times the requests running meanwhile, the mean of the two reads, over the tokens
+    made), each read weighing half; before any step was seen, what the recent requests took a token over
+    their lives.
+
+    The pace is kept in the engine's tokens and timed with this, not with the recent requests' time: a step
+    slows as the batch grows and whenever the machine is busy, so a pace in seconds measured on the first few
+    requests, or before another process took a core, starts requests fewer tokens apart than the cache holds
+    them (on two cores with another engine test beside it, a burst then held 3 preempted requests waiting in
+    vLLM for seconds: tests/engine/test_intake_real_engine.py, 2026-12-06)."""
+    running = now.running if now.running_before is None else (now.running + now.running_before) / 2
+    if running > 0 and now.generated_now > 0 and now.seconds > 0:
+        step = now.seconds * running / now.generated_now
+        return step if before is None else (before + step) / 2
+    if before is not None:
+        return before
+    if recent is not None and recent.generated > 0 and recent.engine_seconds > 0:
+        return recent.engine_seconds / recent.generated
+    return None
 
 
 def first(bounds: Bounds) -> Limit:
@@ -184,31 +219,33 @@ def decide(current: Limit, now: EngineNow | None, bounds: Bounds) -> Limit:
     """The limit after one read of the engine."""
     top = max(1, bounds.max_concurrency)
     if now is None:
-        return Limit(top, NO_FIGURES_REASON, recent=current.recent)
+        return Limit(top, NO_FIGURES_REASON, recent=current.recent, token_s=current.token_s)
     lately = recent(current.recent, now)
+    step = token_seconds(current.token_s, now, lately)
     kv = bounds.kv_tokens or now.kv_tokens
     length = lately.length if lately is not None else bounds.max_model_len
     if not kv or not length or length <= 0:
-        return Limit(top, NO_KV_REASON, waiting=now.waiting, recent=lately)
+        return Limit(top, NO_KV_REASON, waiting=now.waiting, recent=lately, token_s=step)
     fits = room(now, kv, length)
     value = max(1, min(top, now.running + fits))
     reason = f"{_figures(now)}: the KV cache holds {fits} more request(s) of {length:,.0f} tokens to their end"
     target = pace = None
     block = now.block_size or 1
     average = held_on_average(kv, lately, block) if lately is not None else 0.0
-    if lately is not None and average > 0 and lately.engine_seconds / average > 0:  # too small a time for a quotient: none
-        target = max(value, min(top, math.floor(paced_target(kv, lately, block) + 0.5)))
-        pace = lately.engine_seconds / average
+    if lately is not None and step is not None and average > 0 and lately.generated / average * step > 0:
+        target = max(value, min(top, paced_target(kv, lately, block)))
+        apart = lately.generated / average
+        pace = apart * step
         if target > value:
             reason += (
-                f"; paced: one more every {pace:.2f} s (a recent request's {lately.engine_seconds:.1f} s in the engine "
-                f"over the {average:.1f} the cache holds on average) up to {target}, "
-                "half way between what it holds at their peaks and on average"
+                f"; paced: one more every {pace:.2f} s ({apart:.0f} tokens of a running request apart: a recent "
+                f"request's {lately.generated:.0f} generated tokens over the {average:.1f} the cache holds on average, "
+                f"at {step * 1000:.1f} ms a token now) up to {target}, what it holds at their peaks"
                 + (f", once more jobs have ended than the {now.waiting} request(s) waiting inside the engine" if now.waiting else "")
             )
     if now.preempted > 0:
         reason += f" ({now.preempted} preempted since the last read)"
-    return Limit(value, reason, target, pace, now.waiting, lately)
+    return Limit(value, reason, target, pace, now.waiting, lately, step)
 
 
 def allowed(
@@ -232,7 +269,8 @@ def allowed(
     target, pace = limit.target, limit.pace_s
     if target is None or pace is None:
         return max(held, limit.value)
-    busy = full_at is not None and limit.recent is not None and at - full_at < limit.recent.engine_seconds
+    life = limit.life_s
+    busy = full_at is not None and life is not None and at - full_at < life
     if held < limit.value and not busy:
         return limit.value
     due = last_take is None or at - last_take >= pace
