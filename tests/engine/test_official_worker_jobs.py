@@ -170,7 +170,7 @@ def test_an_official_variable_that_does_nothing_here_is_answered_in_the_log_and_
     log = official.worker.log()
 
     [notice] = [w for w in status["warnings"] if "DEFAULT_BATCH_SIZE" in w]
-    assert notice.startswith("DEFAULT_BATCH_SIZE='10' has no effect here: the worker streams each event as vLLM sends it")
+    assert notice.startswith("DEFAULT_BATCH_SIZE='10' has no effect here: the worker posts a stream's events as vLLM sends them")
     assert notice in log
     # At the form's default it asks for what the worker does, and draws nothing.
     assert not [w for w in status["warnings"] if "RAW_OPENAI_OUTPUT" in w]

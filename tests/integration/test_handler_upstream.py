@@ -18,8 +18,10 @@ import pytest
 from aiohttp import web
 
 from vllm_worker.serving import handler as handler_module
-from vllm_worker.serving.handler import close_session, configure, handler, split_events
+from vllm_worker.serving import stream_relay
+from vllm_worker.serving.handler import close_session, configure, handler
 from vllm_worker.serving.state import WorkerState
+from vllm_worker.serving.stream_relay import split_events
 
 SERVED = "org/served-model"
 
@@ -33,6 +35,7 @@ STREAM_EVENTS = [
     "data: [DONE]\n\n",
 ]
 ODD_SIZES = [1, 2, 5, 17, 3, 41, 7, 113, 11, 64]
+PACED_GAP_S = 0.02
 
 ENGINE_400 = {
     "error": {
@@ -53,6 +56,7 @@ class Upstream:
         self.port = 0
         self.release = asyncio.Event()
         self.max_model_len: int | None = None
+        self.ended_at: float | None = None
 
     def _record(self, request: web.Request, body: Any) -> None:
         self.requests.append({"method": request.method, "path": request.path, "body": body})
@@ -77,6 +81,17 @@ class Upstream:
         await response.write_eof()
         return response
 
+    async def _paced(self, request: web.Request, events: list[str]) -> web.StreamResponse:
+        """One event every PACED_GAP_S, as an engine sends tokens; records when the last one was sent."""
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for event in events:
+            await response.write(event.encode())
+            await asyncio.sleep(PACED_GAP_S)
+        await response.write_eof()
+        self.ended_at = asyncio.get_running_loop().time()
+        return response
+
     async def chat(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         self._record(request, body)
@@ -98,6 +113,8 @@ class Upstream:
                 return await self._sse(request, "".join(STREAM_EVENTS[:-1]).encode())
             if content == "unterminated-done":
                 return await self._sse(request, payload[:-1])
+            if content == "paced":
+                return await self._paced(request, STREAM_EVENTS[:-1] * 3 + STREAM_EVENTS[-1:])
             if content == "error-midway":
                 error = {"error": {"message": "EngineCore encountered an issue.", "type": "InternalServerError", "param": None, "code": 500}}
                 bad = ("data: " + json.dumps(error) + "\n\n").encode()
@@ -231,6 +248,37 @@ async def test_stream_yields_whole_events_ending_with_done(upstream: Upstream) -
     assert "".join(out) == "".join(STREAM_EVENTS)
     assert out[-1].endswith("data: [DONE]\n\n")
     assert "".join(out).count("[DONE]") == 1
+
+
+async def test_a_stream_is_posted_at_most_every_interval_the_first_events_at_once(upstream: Upstream) -> None:
+    """45 events 20 ms apart (about 0.9 s): relayed whole and in order, in a few posts at least
+    STREAM_POST_EVERY_S apart, the first of them holding the first event alone (it did not wait)."""
+    configure(_state(upstream.port))
+    loop = asyncio.get_running_loop()
+    posts: list[tuple[float, str]] = []
+    async for chunk in handler({"id": "job-1", "input": _chat("paced", stream=True)}):
+        posts.append((loop.time(), chunk))
+    events = STREAM_EVENTS[:-1] * 3 + STREAM_EVENTS[-1:]
+    _assert_whole_events([chunk for _, chunk in posts])
+    assert "".join(chunk for _, chunk in posts) == "".join(events)
+    assert posts[0][1] == events[0]
+    # While the stream goes on; what is left when it ends goes at once.
+    gaps = [later - earlier for (earlier, _), (later, _) in zip(posts, posts[1:-1])]
+    assert gaps and min(gaps) >= stream_relay.STREAM_POST_EVERY_S - 0.01
+    # Posted event by event, the same stream takes 45 posts.
+    assert len(posts) <= len(events) * PACED_GAP_S / stream_relay.STREAM_POST_EVERY_S + 2
+
+
+async def test_a_stream_that_has_ended_is_posted_without_waiting(upstream: Upstream, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once vLLM's stream has ended, what is left is posted at once: the interval paces a stream still
+    coming, it never holds back the end of a job."""
+    monkeypatch.setattr(handler_module, "STREAM_POST_EVERY_S", 3.0)  # the name the handler reads
+    configure(_state(upstream.port))
+    loop = asyncio.get_running_loop()
+    posts = [chunk async for chunk in handler({"id": "job-1", "input": _chat("paced", stream=True)})]
+    done = loop.time()
+    assert "".join(posts) == "".join(STREAM_EVENTS[:-1] * 3 + STREAM_EVENTS[-1:])
+    assert upstream.ended_at is not None and done - upstream.ended_at < 1.5
 
 
 async def test_stream_without_done_gets_one(upstream: Upstream) -> None:

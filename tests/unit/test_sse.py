@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from vllm_worker.serving.handler import SSEFramer, split_events
+from vllm_worker.serving.stream_relay import SSEFramer, split_events
 
 CHAT_EVENTS = [
     'data: {"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}\n\n',

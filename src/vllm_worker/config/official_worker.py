@@ -48,7 +48,7 @@ class OfficialVariable:
     answer: str | None = None
 
 
-_STREAMED = "the worker streams each event as vLLM sends it, without batching tokens; remove it"
+_STREAMED = "the worker posts a stream's events as vLLM sends them, a few times a second, never by token count; remove it"
 
 OFFICIAL: dict[str, OfficialVariable] = {
     "MODEL_NAME": OfficialVariable("alias", None, "MODEL"),

@@ -13,7 +13,8 @@ Why it is shaped this way:
   as multipart form data. Streams are relayed as whole SSE events (an
   event is never split across two yielded chunks) without parsing their JSON (a
   stream that could be continued has its token ids read by a regular expression), so
-  the proxy costs next to nothing per token.
+  the proxy costs next to nothing per token; what vLLM sent is posted at most every
+  STREAM_POST_EVERY_S, the first events at once, since every post is an HTTP request.
 - One aiohttp session per process, with a pool sized for MAX_CONCURRENCY: a session
   per request would open a new TCP connection for every job.
 - ``main`` owns the engine's lifecycle and tells the handler about it through one
@@ -39,7 +40,6 @@ import asyncio
 import functools
 import json
 import logging
-import re
 import time
 from typing import Any, AsyncGenerator, Mapping
 
@@ -58,6 +58,7 @@ from vllm_worker.serving.job_input import (
     with_context_budget,
 )
 from vllm_worker.serving.state import WorkerState
+from vllm_worker.serving.stream_relay import STREAM_POST_EVERY_S, SSEFramer, coalesced, event_data, split_events
 
 log = logging.getLogger(__name__)
 
@@ -136,77 +137,13 @@ def status_report(state: WorkerState) -> dict[str, Any]:
 # --------------------------------------------------------------------------- SSE
 
 
-def _last_boundary(buf: bytes, start: int) -> int:
-    """End offset of the last complete SSE event in buf (searching from start), or -1."""
-    lf = buf.rfind(b"\n\n", start)
-    crlf = buf.rfind(b"\r\n\r\n", start)
-    end = -1
-    if lf >= 0:
-        end = lf + 2
-    if crlf >= 0 and crlf + 4 > end:
-        end = crlf + 4
-    return end
-
-
-_EVENT = re.compile(r".*?(?:\r\n\r\n|\n\n)", re.S)
-
-
-def split_events(text: str) -> list[str]:
-    """Split text made of complete SSE events into single events, each with its terminator."""
-    return _EVENT.findall(text)
-
-
-class SSEFramer:
-    """Cuts a byte stream into whole SSE events, keeping a partial event across reads."""
-
-    __slots__ = ("_buf",)
-
-    def __init__(self) -> None:
-        self._buf = b""
-
-    def feed_batch(self, data: bytes) -> str:
-        """All events completed by data, as one string ("" if none is complete yet)."""
-        old = len(self._buf)
-        buf = self._buf + data if old else data
-        # Usual case: the read ends exactly at an event boundary.
-        if buf.endswith(b"\n\n") or buf.endswith(b"\r\n\r\n"):
-            end = len(buf)
-        else:
-            end = _last_boundary(buf, old - 3 if old > 3 else 0)
-            if end < 0:
-                self._buf = buf
-                return ""
-        self._buf = buf[end:]
-        # Boundaries are ASCII, so a complete event never ends inside a UTF-8 sequence.
-        return (buf[:end] if end < len(buf) else buf).decode("utf-8", "replace")
-
-    def feed(self, data: bytes) -> list[str]:
-        """Complete events made available by data, one string per event."""
-        batch = self.feed_batch(data)
-        return split_events(batch) if batch else []
-
-    def close(self) -> str:
-        """Whatever was left after the last complete event (an unterminated event), and reset."""
-        rest, self._buf = self._buf, b""
-        return rest.decode("utf-8", "replace")
-
-
-def _event_data(event: str) -> str:
-    lines = []
-    for line in event.splitlines():
-        if line.startswith("data:"):
-            value = line[5:]
-            lines.append(value[1:] if value.startswith(" ") else value)
-    return "\n".join(lines)
-
-
 def stream_error(batch: str) -> tuple[str, str | None]:
     """Split a batch at the first event carrying an engine error: (events before it, sentence or None)."""
     if '"error"' not in batch:
         return batch, None
     events = split_events(batch)
     for i, event in enumerate(events):
-        data = _event_data(event)
+        data = event_data(event)
         if '"error"' not in data:
             continue
         try:
@@ -580,7 +517,7 @@ async def handler(job: dict[str, Any]) -> AsyncGenerator[Any, None]:
                             yield ": worker " + json.dumps(worker_notice(state.profile)) + "\n\n"
                         framer = SSEFramer()
                         last = ""
-                        async for chunk in response.content.iter_any():
+                        async for chunk in coalesced(response.content, STREAM_POST_EVERY_S):
                             batch = framer.feed_batch(chunk)
                             if not batch:
                                 continue

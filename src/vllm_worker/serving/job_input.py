@@ -302,7 +302,8 @@ CHAT_KEYS = _SHARED_KEYS | {
 
 # Keys of Runpod's official vLLM worker that only shaped its own output (batching of streamed
 # tokens, its non-OpenAI answer format). Accepted so that jobs written for it run unchanged;
-# they change nothing here: answers are OpenAI objects and streams are relayed event by event.
+# they change nothing here: answers are OpenAI objects and streams are relayed as vLLM's events, a few
+# times a second (serving.stream_relay).
 COMPAT_KEYS = frozenset({"max_batch_size", "min_batch_size", "batch_size_growth_factor", "use_openai_format"})
 
 _SHAPE_KEYS = frozenset({"prompt", "messages", "sampling_params", "apply_chat_template", "worker_status"})
