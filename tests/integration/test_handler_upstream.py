@@ -57,6 +57,7 @@ class Upstream:
         self.release = asyncio.Event()
         self.max_model_len: int | None = None
         self.ended_at: float | None = None
+        self.resumed_at: float | None = None
 
     def _record(self, request: web.Request, body: Any) -> None:
         self.requests.append({"method": request.method, "path": request.path, "body": body})
@@ -81,11 +82,15 @@ class Upstream:
         await response.write_eof()
         return response
 
-    async def _paced(self, request: web.Request, events: list[str]) -> web.StreamResponse:
-        """One event every PACED_GAP_S, as an engine sends tokens; records when the last one was sent."""
+    async def _paced(self, request: web.Request, events: list[str], pause_after: int | None = None) -> web.StreamResponse:
+        """One event every PACED_GAP_S, as an engine sends tokens, and a second's pause after `pause_after`
+        events (a slow step); records when the pause ended and when the last event was sent."""
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
-        for event in events:
+        for n, event in enumerate(events):
+            if n == pause_after:
+                await asyncio.sleep(1.0)
+                self.resumed_at = asyncio.get_running_loop().time()
             await response.write(event.encode())
             await asyncio.sleep(PACED_GAP_S)
         await response.write_eof()
@@ -113,6 +118,8 @@ class Upstream:
                 return await self._sse(request, "".join(STREAM_EVENTS[:-1]).encode())
             if content == "unterminated-done":
                 return await self._sse(request, payload[:-1])
+            if content == "pause":
+                return await self._paced(request, STREAM_EVENTS, pause_after=2)
             if content == "paced":
                 return await self._paced(request, STREAM_EVENTS[:-1] * 3 + STREAM_EVENTS[-1:])
             if content == "error-midway":
@@ -267,6 +274,19 @@ async def test_a_stream_is_posted_at_most_every_interval_the_first_events_at_onc
     assert gaps and min(gaps) >= stream_relay.STREAM_POST_EVERY_S - 0.01
     # Posted event by event, the same stream takes 45 posts.
     assert len(posts) <= len(events) * PACED_GAP_S / stream_relay.STREAM_POST_EVERY_S + 2
+
+
+async def test_what_came_before_a_pause_in_the_stream_is_posted_within_the_interval(upstream: Upstream) -> None:
+    """Two events, then a second with nothing: the second event (held back, within the interval of the
+    first) is posted once the interval is over, not when the stream goes on."""
+    configure(_state(upstream.port))
+    loop = asyncio.get_running_loop()
+    posts: list[tuple[float, str]] = []
+    async for chunk in handler({"id": "job-1", "input": _chat("pause", stream=True)}):
+        posts.append((loop.time(), chunk))
+    assert "".join(chunk for _, chunk in posts) == "".join(STREAM_EVENTS)
+    [second_at] = [at for at, chunk in posts if STREAM_EVENTS[1] in chunk]
+    assert upstream.resumed_at is not None and second_at < upstream.resumed_at
 
 
 async def test_a_stream_that_has_ended_is_posted_without_waiting(upstream: Upstream, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from vllm_worker.serving.stream_relay import SSEFramer, split_events
+from vllm_worker.serving.stream_relay import SSEFramer, event_data, split_events
 
 CHAT_EVENTS = [
     'data: {"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}\n\n',
@@ -119,3 +119,40 @@ def test_large_event_across_many_reads() -> None:
 
 def test_split_events_keeps_terminators() -> None:
     assert split_events("data: a\n\n: c\r\n\r\ndata: b\n\n") == ["data: a\n\n", ": c\r\n\r\n", "data: b\n\n"]
+
+
+def test_each_event_is_given_by_the_read_that_completes_it() -> None:
+    # Byte by byte: after each read, exactly the events that have ended so far (none held back for a later read).
+    ends = [sum(len(e.encode()) for e in CHAT_EVENTS[: i + 1]) for i in range(len(CHAT_EVENTS))]
+    framer, given = SSEFramer(), []
+    for i in range(len(STREAM)):
+        given += framer.feed(STREAM[i : i + 1])
+        assert given == [e for e, end in zip(CHAT_EVENTS, ends) if end <= i + 1], i
+
+
+@pytest.mark.parametrize(
+    "reads, events",
+    [
+        ([b"data: a\r\n\r\ndata: b\r\n\r\ndata: c"], ["data: a\r\n\r\n", "data: b\r\n\r\n"]),  # the last boundary, not the first
+        ([b"\r\n\r\nx"], ["\r\n\r\n"]),  # a boundary at the very start
+        ([b"\n\nx"], ["\n\n"]),
+        ([b"\n", b"\nx"], ["\n\n"]),  # a boundary across two reads, from the start
+        ([b"data: a\n", b"\ndata: b"], ["data: a\n\n"]),
+        ([b"data: a\r\n", b"\r\ndata: b"], ["data: a\r\n\r\n"]),
+    ],
+)
+def test_boundaries_anywhere_in_a_read(reads: list[bytes], events: list[str]) -> None:
+    framer = SSEFramer()
+    assert _run(framer, reads) == events
+
+
+def test_bytes_that_are_not_utf8_become_replacement_characters() -> None:
+    framer = SSEFramer()
+    assert framer.feed(b"data: \xff\n\ndata: \xfe") == ["data: \ufffd\n\n"]
+    assert framer.close() == "data: \ufffd"
+
+
+def test_event_data_joins_data_lines_without_the_one_space_after_the_colon() -> None:
+    assert event_data('data:{"a":1}\n\n') == '{"a":1}'
+    assert event_data('data: {"a":\ndata:  1}\n\n') == '{"a":\n 1}'
+    assert event_data(": comment\n\n") == ""
