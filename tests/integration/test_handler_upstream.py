@@ -301,6 +301,33 @@ async def test_a_stream_that_has_ended_is_posted_without_waiting(upstream: Upstr
     assert upstream.ended_at is not None and done - upstream.ended_at < 1.5
 
 
+async def test_the_job_is_marked_done_in_the_engine_once_its_response_has_ended_before_its_last_part(upstream: Upstream) -> None:
+    """serving.intake counts a job whose response the engine has ended out of what the engine holds while its
+    answer is posted: a stream is marked when it ends, before the last part is yielded (the SDK posts each one),
+    a plain answer when its body is read, before it is yielded; a job without an id is not marked."""
+    state = _state(upstream.port, engine_done=set())
+    configure(state)
+    marked = []
+    async for chunk in handler({"id": "job-s", "input": _chat("paced", stream=True)}):
+        marked.append("job-s" in state.engine_done)
+    assert marked[0] is False and marked[-1] is True and upstream.ended_at is not None
+    async for _ in handler({"id": "job-p", "input": _chat("hi")}):
+        assert "job-p" in state.engine_done
+    async for _ in handler({"input": _chat("hi")}):
+        pass
+    assert state.engine_done == {"job-s", "job-p"}
+    # A request the engine refused is not marked: it never held the cache to its end.
+    failed = _state(upstream.port, engine_done=set())
+    configure(failed)
+    [answer] = await _run({"prompt": "x" * 10, "sampling_params": {"max_tokens": 5000}})
+    assert "error" in answer and failed.engine_done == set()
+    # Where the intake does not adapt nothing counts them, and nothing is kept.
+    fixed = _state(upstream.port)
+    configure(fixed)
+    await _run(_chat("hi"))
+    assert fixed.engine_done is None
+
+
 async def test_stream_without_done_gets_one(upstream: Upstream) -> None:
     configure(_state(upstream.port))
     out = await _run(_chat("no-done", stream=True))

@@ -16,7 +16,9 @@ import runpod
 from runpod.serverless.modules import rp_scale
 from runpod.serverless.modules.worker_state import JobsProgress
 
-from vllm_worker.serving import platform
+from vllm_worker.serving import intake, platform
+from vllm_worker.serving.intake import Bounds
+from vllm_worker.serving.state import WorkerState
 
 # A bound on waiting for the loop to do something it must do; never a measured figure.
 PATIENCE_S = 10.0
@@ -209,6 +211,56 @@ def test_the_modifier_is_what_the_intake_allows_now_or_the_fixed_limit(sdk_set_s
     gate.adaptive = False
     assert platform.concurrency_modifier(gate, 30)(5) == 30
     assert platform.concurrency_modifier(None, 30)(5) == 30
+
+
+def test_the_jobs_finished_in_the_engine_are_those_the_handler_marked_that_the_sdk_still_holds(sdk_set_scale: None) -> None:
+    from runpod.serverless.modules.worker_state import JobsProgress
+
+    progress = JobsProgress()
+    progress.clear()
+    state = WorkerState()
+    assert platform.finished_in_engine(state) == 0  # no set: the intake does not adapt
+    state.engine_done = set()
+    try:
+        progress.add("a")
+        progress.add("b")
+        state.engine_done.update({"a", "gone"})  # "gone": answered, the SDK removed it
+        assert platform.finished_in_engine(state) == 1 and state.engine_done == {"a"}
+        progress.remove("a")
+        assert platform.finished_in_engine(state) == 0 and state.engine_done == set()
+
+        class Gate:
+            adaptive = True
+            held: Any = None
+            finished: Any = None
+
+            def allowed_now(self) -> int:
+                return 1
+
+        gate = Gate()
+        fresh = WorkerState()
+        platform.concurrency_modifier(gate, 30, fresh)
+        assert fresh.engine_done == set()
+        fresh.engine_done.add("b")
+        assert gate.finished() == 1
+        off = Gate()
+        off.adaptive = False  # type: ignore[misc]
+        platform.concurrency_modifier(off, 30, state := WorkerState())
+        assert state.engine_done is None and off.finished is None
+    finally:
+        progress.clear()
+
+
+def test_the_intake_decides_on_the_jobs_in_the_engine_and_adds_those_being_answered_back() -> None:
+    # 9 held, 3 of them finished in the engine and being posted: the engine holds 6, under its room of 7.
+    held, finished = [9], [3]
+    gate = intake.Intake(lambda: Bounds(30), held=lambda: held[0], finished=lambda: finished[0], clock=lambda: 0.0)
+    gate._limit = intake.Limit(7, "x")
+    assert gate.allowed_now() == 10
+    finished[0] = 12  # more than it holds (a count read at another moment): all of them, not more
+    assert gate.allowed_now() == 9 + 7
+    finished[0] = -1
+    assert gate.allowed_now() == 9
 
 
 def test_with_the_patch_a_paced_intake_lets_the_loop_take_one_job_a_pace_apart_and_start_every_job_it_took(

@@ -517,7 +517,8 @@ async def handler(job: dict[str, Any]) -> AsyncGenerator[Any, None]:
                             yield ": worker " + json.dumps(worker_notice(state.profile)) + "\n\n"
                         framer = SSEFramer()
                         last = ""
-                        async for chunk in coalesced(response.content, STREAM_POST_EVERY_S):
+                        ended = functools.partial(_engine_done, state, job)
+                        async for chunk in coalesced(response.content, STREAM_POST_EVERY_S, ended):
                             batch = framer.feed_batch(chunk)
                             if not batch:
                                 continue
@@ -543,6 +544,7 @@ async def handler(job: dict[str, Any]) -> AsyncGenerator[Any, None]:
                                 yield _DONE
                     else:
                         raw = await response.read()
+                        _engine_done(state, job)
                 finally:
                     if task is not None:
                         task.remove_done_callback(closer)
@@ -611,6 +613,13 @@ async def handler(job: dict[str, Any]) -> AsyncGenerator[Any, None]:
             yield output
         else:
             yield _with_notice(output, state)
+
+
+def _engine_done(state: WorkerState, job: Any) -> None:
+    """The engine has sent the job's whole response: its KV cache is free while the answer is posted."""
+    job_id = job.get("id") if isinstance(job, dict) else None
+    if state.engine_done is not None and isinstance(job_id, str):
+        state.engine_done.add(job_id)
 
 
 def _closer(response: aiohttp.ClientResponse) -> Any:

@@ -304,10 +304,13 @@ class Intake:
         adaptive: bool = True,
         held: Callable[[], int] = lambda: 0,
         clock: Callable[[], float] | None = None,
+        finished: Callable[[], int] = lambda: 0,
     ) -> None:
         self.bounds = bounds
         self.adaptive = adaptive
         self.held = held  # set by serving.platform once the job loop runs
+        # Of those, the jobs whose request the engine has finished (answers being posted): set by serving.platform.
+        self.finished = finished
         self.clock = clock or time.monotonic
         self._lock = threading.Lock()
         start = bounds()
@@ -352,10 +355,16 @@ class Intake:
         return after
 
     def allowed_now(self) -> int:
-        """What the job loop may hold now (asked before every take): a paced take counts from when it was allowed."""
+        """What the job loop may hold now (asked before every take): a paced take counts from when it was allowed.
+
+        The decision counts the jobs in the engine: a job the engine has finished holds no KV cache while its
+        answer is posted (on two busy cores, seconds: runpod 1.12 awaits a post per part), so its slot goes to
+        the next job at once, and the figure given to the SDK adds the finished ones back."""
         if not self.adaptive:
             return self._limit.value
-        at, held = self.clock(), self.held()
+        at, all_held = self.clock(), self.held()
+        answering = min(all_held, max(0, self.finished()))
+        held = all_held - answering
         with self._lock:
             limit = self._limit
             if held < self._seen_held:  # a take and an end between two questions show as neither: counted short
@@ -366,7 +375,7 @@ class Intake:
             value = allowed(limit, held, self._last_take, at, self._full_at, self._ended_since_read)
             if value > held:
                 self._last_take = at
-        return value
+        return value + answering
 
     def status(self) -> dict[str, Any]:
         """The status job's view: the limit, why, the figures behind it, the slots left to the platform's queue."""

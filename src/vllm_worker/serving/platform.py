@@ -385,11 +385,25 @@ def held_jobs() -> int:
     return JobsProgress().get_job_count()
 
 
-def concurrency_modifier(intake: Any | None, fixed: int) -> Callable[[int], int]:
+def finished_in_engine(state: WorkerState) -> int:
+    """Jobs the worker holds whose request the engine has finished (their answers still being posted): the ids
+    the handler marked, less those the SDK no longer holds (forgotten here)."""
+    from runpod.serverless.modules.worker_state import JobsProgress
+
+    if state.engine_done is None:
+        return 0
+    state.engine_done.intersection_update(job.id for job in list(JobsProgress()))
+    return len(state.engine_done)
+
+
+def concurrency_modifier(intake: Any | None, fixed: int, state: WorkerState | None = None) -> Callable[[int], int]:
     """What the SDK asks before every take: the intake's current limit, or the fixed MAX_CONCURRENCY."""
     if intake is None or not intake.adaptive:
         return lambda current: fixed
     intake.held = held_jobs
+    if state is not None:
+        state.engine_done = set()
+        intake.finished = lambda: finished_in_engine(state)
     patch_set_scale()
     return lambda current: intake.allowed_now()
 
@@ -422,7 +436,7 @@ def serve(
     shutdown.serving(state, drain_timeout, local_api)
     _config = {
         "handler": handler,
-        "concurrency_modifier": concurrency_modifier(intake, concurrency),
+        "concurrency_modifier": concurrency_modifier(intake, concurrency, state),
         "return_aggregate_stream": True,
         "refresh_worker": _fresh_worker_wanted,
     }

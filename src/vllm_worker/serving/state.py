@@ -57,6 +57,11 @@ class WorkerState:
     # (serving.continuation.REASONS); the status job shows both.
     continued: int = 0
     not_continued: dict[str, int] = field(default_factory=dict)
+    # Jobs whose request the engine has finished while their answer is still being posted: their KV cache is
+    # free, so serving.intake counts them out of what the engine holds. serving.platform makes the set when the
+    # intake adapts (None: nobody counts them) and forgets the ids the SDK no longer holds; the handler adds a
+    # job's id when the engine's response ends.
+    engine_done: set[str] | None = None
 
     def mark_ready(self) -> None:
         """The engine answers: jobs go through (thread-safe; main's supervisor may call it)."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from typing import AsyncIterator
+from typing import AsyncIterator, Callable
 
 import aiohttp
 
@@ -84,11 +84,13 @@ def event_data(event: str) -> str:
     return "\n".join(lines)
 
 
-async def coalesced(content: aiohttp.StreamReader, every: float) -> AsyncIterator[bytes]:
+async def coalesced(
+    content: aiohttp.StreamReader, every: float, on_end: Callable[[], None] | None = None
+) -> AsyncIterator[bytes]:
     """The engine's stream as it arrives, joined so that each piece follows the one before at least `every`
     seconds later (the first at once). It is read as it comes, so a stream that ends is given at once and
     one that breaks gives what it sent before the error is raised (aiohttp raises it before handing over
-    data it still holds)."""
+    data it still holds). `on_end` is called when the stream has ended, before its last piece is given."""
     pending = b""
     due = 0.0
     while True:
@@ -113,6 +115,8 @@ async def coalesced(content: aiohttp.StreamReader, every: float) -> AsyncIterato
                 yield pending
             raise
         if not data:
+            if on_end is not None:
+                on_end()
             if pending:
                 yield pending
             return
