@@ -172,6 +172,7 @@ def burst(cp: ControlPlane, worker: Worker) -> dict[str, Any]:
         "less_those_on_their_way_in_p95": p95([float(s.held - s.arriving - s.running) for s in queued_samples]),
         "samples_while_queued": len(spare),
         "completed": f"{completed}/{BURST}",
+        "errors": sorted({str(r["error"])[:200] for r in results if "error" in r})[:3],
         "seconds": round(seconds, 1),
         "jobs_per_min": round(60 * completed / seconds, 1),
     }
