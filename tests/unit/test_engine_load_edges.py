@@ -214,6 +214,13 @@ def test_the_intake_reads_the_preemptions_and_the_requests_finished_since_the_la
     # The first read of an engine: no step to see (what it generated since it started took an unknown time).
     first = engine_load.engine_now(now, None)
     assert first is not None and (first.generated_now, first.seconds, first.running_before) == (0.0, 0.0, None)
+    # Reads half a second apart: half a second (the load watch reads about every second, a status job between).
+    soon = engine_load.engine_now(
+        sample(1.5, running=2, preemptions=4, generated=1000, finished=3, finished_prompt=100, finished_generated=50,
+               finished_seconds=1.5),
+        before,
+    )
+    assert soon is not None and soon.seconds == 0.5 and soon.generated_now == 100
     assert now.finished_engine_seconds == 2.75  # a sum of seconds stays a fraction
 
 

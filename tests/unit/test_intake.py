@@ -114,6 +114,7 @@ def test_the_cache_holds_on_average_what_a_request_holds_over_its_life_and_at_th
     # The paced target is what the cache holds at the peaks, to the nearest request: 9.19 and 10.8.
     assert intake.paced_target(4096, BENCH, 128) == 9
     assert intake.paced_target(4096, BENCH, 16) == 11
+    assert intake.paced_target(400, BENCH, 128) == 0  # not one at its peak: none (the room still takes one)
 
 
 def test_recent_means_follow_the_requests_finished_the_later_ones_weighing_more() -> None:
@@ -186,6 +187,21 @@ def test_the_pace_is_kept_in_the_engines_tokens_and_timed_by_its_steps_now() -> 
     idle = read(batch, 0, 0, running_before=0)
     assert idle.token_s == batch.token_s and read(idle, 3, 30, seconds=0.0).token_s == idle.token_s
     assert intake.decide(idle, None, b).token_s == idle.token_s
+    # Tokens made while nothing ran at either read (a request started and ended between them): no step seen.
+    assert read(batch, 0, 50, running_before=0).token_s == batch.token_s
+    # One request, one token: a step all the same (50 ms here, weighing half beside the 20 before).
+    assert read(batch, 1, 1, seconds=0.05, running_before=1).token_s == pytest.approx(0.035)
+    # A read without a KV cache size keeps the step for the reads that have one.
+    unknown = intake.decide(batch, EngineNow(5, 0, 0.5, generated_now=500, seconds=2.0, running_before=5), Bounds(30))
+    assert unknown.reason == intake.NO_KV_REASON and unknown.token_s == pytest.approx(0.02)
+    # Requests of one generated token give a token's time; requests that took no time give none (nothing paced).
+    one = EngineNow(5, 0, 0.5, finished=2, prompt_tokens=84, generated_tokens=2, engine_seconds=1.0, block_size=128)
+    assert intake.decide(intake.first(b), one, b).token_s == pytest.approx(0.5)
+    instant = EngineNow(5, 0, 0.5, finished=1, prompt_tokens=42, generated_tokens=600, engine_seconds=0.0, block_size=128)
+    assert intake.decide(intake.first(b), instant, b).token_s is None
+    # The reason gives the step to a tenth of a millisecond.
+    slow = EngineNow(5, 0, 0.5, finished=1, prompt_tokens=42, generated_tokens=600, engine_seconds=59.94, block_size=128)
+    assert "at 99.9 ms a token now" in intake.decide(intake.first(b), slow, b).reason
     # Before any request finished nothing is paced, and a step seen then is kept for later.
     early = intake.decide(intake.first(BOUNDS), EngineNow(2, 0, 0.1, generated_now=100, seconds=1.0, running_before=2), BOUNDS)
     assert early.pace_s is None and early.token_s == pytest.approx(0.02)
