@@ -14,7 +14,7 @@ and the clock at each take:
   at different lengths. Started a pace apart, requests like the recent ones hold on average what one
   holds over its life (its prompt, half its generated tokens, half a block), and at their peaks, just
   before the oldest ends, about half a request's generated tokens more: the target is what the cache
-  holds at the peaks, whole (`paced_target` says why not more). Up to it the worker takes one more job
+  holds at the peaks, to the nearest request (`paced_target` says why not more). Up to it the worker takes one more job
   at a time, a pace apart, and none while requests wait inside vLLM (what waits there was preempted,
   or cannot start) unless more jobs have ended since that read than waited (each one's blocks let one
   that waited start; the one more leaves room for a new job). The pace is kept in the engine's tokens
@@ -164,15 +164,16 @@ def held_at_peaks(kv_tokens: int, recent: Recent, block: int) -> float:
 def paced_target(kv_tokens: int, recent: Recent, block: int) -> int:
     """Requests to keep, paced: what the KV cache holds at their peaks, to the nearest request.
 
-    Held that many, the requests end a steady number of tokens apart (as many as they are, over a request's
-    generated tokens) and the cache holds them at the moment before the oldest ends, so vLLM never preempts
-    by design, and what the worker holds runs. A target up to half way to what the cache holds on average
-    (tried until 2026-12-05) kept vLLM's cache fuller: on the CPU engine that worker completed 1.013 of a
-    fixed worker's jobs a minute where this one completed 0.905 (three pairs, pace in seconds), but its
-    requests overfilled the cache before each end, vLLM preempted the newest, and the preempted ones waited
-    inside vLLM behind the running ones: a clean-clone CI run's burst held 4 such jobs (p95), another 7, where
-    the acceptance of issue 26 allows 2. The cost here is throughput, where the cache's blocks are large
-    against a request (vLLM's CPU backend: 128 tokens)."""
+    Held that many, the requests end a steady number of tokens apart (as many as they are, over a
+    request's generated tokens) and the cache holds them at the moment before the oldest ends, so vLLM
+    preempts only where the nearest request is above the peaks' figure, and what the worker holds runs.
+    A target up to half way to what the cache holds on average (tried until 2026-12-05) kept vLLM's
+    cache fuller: on the CPU engine that worker completed 1.013 of a fixed worker's jobs a minute where
+    this one completed 0.905 (three pairs, pace in seconds), but its requests overfilled the cache
+    before each end, vLLM preempted the newest, and the preempted ones waited inside vLLM behind the
+    running ones: a clean-clone CI run's burst held 4 such jobs (p95), another 7, where the acceptance
+    of issue 26 allows 2. The cost here is throughput, where the cache's blocks are large against a
+    request (vLLM's CPU backend: 128 tokens)."""
     return max(0, math.floor(held_at_peaks(kv_tokens, recent, block) + 0.5))
 
 
