@@ -227,8 +227,7 @@ def test_a_drain_shorter_than_the_jobs_answers_them_that_the_worker_is_being_sto
         short = boot(tiny_model, tmp_path, cp, MAX_MODEL_LEN="2048", DRAIN_TIMEOUT="1")
         try:
             # 0.3 s under way: one of two 1,800-token requests ran to its end within 1.5 s + the
-            # 1-s drain on a clean-clone CI run; and with half a job's tokens made at most by the SIGTERM, each
-            # has 900 left: one ended within the drain when "under way" was seen 4.5 s late (another CI run).
+            # 1-s drain on a clean-clone CI run; at most half a job's tokens made by the SIGTERM leaves each 900.
             jobs, engines = sigterm_with_two_jobs_in_flight(short, 1800, under_way_s=0.3, at_most=900)
             results = [cp.result(job, timeout=JOB_TIMEOUT) for job in jobs]
             code = short.proc.wait(timeout=SETTLE_S)
