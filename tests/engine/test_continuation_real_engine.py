@@ -124,8 +124,9 @@ def run_round(
         late = False
         if freeze is not None:
             deadline = time.monotonic() + engine_env.BOOT_TIMEOUT
-            while streamed_ids(cp, jobs["completion-streamed"]) < TOKENS / 8:
-                assert time.monotonic() < deadline, "the streamed completion's client never held an eighth of its tokens"
+            # Every job taken by the worker too: one still in the platform's queue at the freeze is not in flight.
+            while streamed_ids(cp, jobs["completion-streamed"]) < TOKENS / 8 or not all(cp.taken(job) for job in jobs.values()):
+                assert time.monotonic() < deadline, "the streamed completion's client never held an eighth of its tokens, or a job was not taken"
                 time.sleep(0.02)
             late = not freeze(jobs)
         results: dict[str, Any] = {}
@@ -191,8 +192,13 @@ def check_whole(name: str, got: dict[str, Any], base: dict[str, Any]) -> bool:
     return got["text"] == base["text"]
 
 
-def report(label: str, results: dict[str, Any], base: dict[str, Any]) -> int:
-    same = [name for name in JOBS if check_whole(name, results[name], base[name])]
+def report(label: str, results: dict[str, Any], base: dict[str, Any], worker: WorkerProcess) -> int:
+    try:
+        same = [name for name in JOBS if check_whole(name, results[name], base[name])]
+    except AssertionError as error:
+        # What the worker did with each job at the death (continued, sent again whole), for a failure's reader.
+        lines = [line for line in worker.log().splitlines() if re.search(r"continued on the restarted|sent again whole|stopped", line)]
+        raise AssertionError(f"{error}\nthe worker's log at the deaths:\n" + "\n".join(lines[-12:])) from error
     kept = {name: (results[name]["worker"] or {}).get("continued", {}).get("tokens_kept") for name in JOBS}
     print(f"{label}: 4/4 complete; identical to the undisturbed run: {len(same)}/4 {same}; tokens kept {kept}")
     return len(same)
@@ -208,7 +214,7 @@ def test_four_jobs_in_flight_when_the_engine_is_killed_complete_whole(serving: S
         return leader is not None
 
     results = run_round(cp, kill, extra={"seeded": SEEDED})
-    report("SIGKILL of the engine's process group", results, base)
+    report("SIGKILL of the engine's process group", results, base, worker)
 
     seeded = results["seeded"]
     assert set(seeded) == {"error"}, str(seeded)[:300]
@@ -226,5 +232,5 @@ def test_four_jobs_in_flight_when_the_engine_hangs_complete_whole(serving: Servi
         return frozen_in_flight(cp, worker, jobs) is not None
 
     results = run_round(cp, hang)
-    report(f"a hang (SIGSTOP, ENGINE_HANG_TIMEOUT={HANG_TIMEOUT})", results, base)
+    report(f"a hang (SIGSTOP, ENGINE_HANG_TIMEOUT={HANG_TIMEOUT})", results, base, worker)
     assert "The engine stopped answering while serving" in worker.log()

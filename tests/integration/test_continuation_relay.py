@@ -34,7 +34,8 @@ def chunk(text: str, ids: list[int], first: bool = False, finish: str | None = N
     }  # fmt: skip
 
 
-def routes(bodies: list[dict[str, Any]], cut: asyncio.Event) -> web.RouteTableDef:
+def routes(bodies: list[dict[str, Any]], cut: asyncio.Event, before_cut: int = 2) -> web.RouteTableDef:
+    """The first request is sent `before_cut` events (at most 2) before the engine dies; the next, the rest."""
     table = web.RouteTableDef()
 
     @table.post("/v1/completions")
@@ -44,7 +45,9 @@ def routes(bodies: list[dict[str, Any]], cut: asyncio.Event) -> web.RouteTableDe
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
         if len(bodies) == 1:
-            await response.write(sse(chunk(" a", [10], first=True)) + sse(chunk(" b", [11])))
+            sent = [sse(chunk(" a", [10], first=True)), sse(chunk(" b", [11]))][:before_cut]
+            if sent:
+                await response.write(b"".join(sent))
             await asyncio.sleep(0.2)
             cut.set()
             assert request.transport is not None
@@ -97,6 +100,40 @@ async def test_a_stream_cut_by_a_death_is_continued_in_one_stream(monkeypatch: A
     first, rest = bodies
     assert first["return_token_ids"] is True
     assert (rest["prompt"], rest["max_tokens"], rest["min_tokens"]) == (PROMPT_IDS + [10, 11], 2, 2)
+    assert state.continuations() == {"continued": 1, "answered": {}}
+    assert not any(isinstance(p, dict) and "error" in p for p in parts)
+
+
+async def test_a_stream_cut_before_its_first_event_is_sent_again_whole_and_says_so(monkeypatch: Any) -> None:
+    bodies: list[dict[str, Any]] = []
+    cut = asyncio.Event()
+    runner, port = await serve(routes(bodies, cut, before_cut=0))
+    state = WorkerState(served_model_name="m", port=port)
+    state.mark_ready()
+    entered = on_death_wait(monkeypatch)
+
+    async def main_notices_and_relaunches() -> None:
+        await entered.wait()
+        state.record_death(DEATH)
+        await asyncio.sleep(0.3)
+        state.mark_ready()
+
+    job = {"openai_route": "/v1/completions", "openai_input": {"prompt": "x", "max_tokens": 2, "stream": True}}
+    try:
+        parts, _ = await asyncio.gather(run_handler(state, job), main_notices_and_relaunches())
+    finally:
+        await runner.cleanup()
+
+    text = "".join(p for p in parts if isinstance(p, str))
+    # The client had been sent nothing: the whole stream is the relaunched engine's, named as a continuation.
+    [comment] = [line for line in text.splitlines() if line.startswith(": worker ")]
+    assert text.startswith(comment + "\n\n")
+    assert json.loads(comment[len(": worker "):])["continued"] == {"tokens_kept": 0, "after": continuation.last_cause(state.status)}
+    data = [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: {")]
+    assert [c["choices"][0]["text"] for c in data if c["choices"]] == [" c", " d"]
+    assert text.count("data: [DONE]") == 1
+    first, again = bodies
+    assert again == first and again["prompt"] == "x"
     assert state.continuations() == {"continued": 1, "answered": {}}
     assert not any(isinstance(p, dict) and "error" in p for p in parts)
 

@@ -27,8 +27,10 @@ Why it is shaped this way:
   again to the restarted engine.
 - A streamed or plain completion or chat completion that was running when the engine died or
   hung is continued on the relaunched engine where that is the same request
-  (serving.continuation: a stream goes on from the tokens its client was sent, a plain job is
-  sent again whole), once; otherwise it ends with the death's sentence and why it was not.
+  (serving.continuation: a stream goes on from the tokens its client was sent, a plain job or
+  a stream whose client was sent nothing is sent again whole), once, and its response says so
+  (`worker.continued`, a `: worker` comment in a stream); otherwise it ends with the death's
+  sentence and why it was not.
 - A cancel closes the job's request to the engine whatever the job's generator is doing: the
   SDK cancels the task that drives it, which may be posting a chunk while the generator waits
   at a `yield` (and so never sees the cancel); a callback on that task closes the response.
@@ -511,9 +513,10 @@ async def handler(job: dict[str, Any]) -> AsyncGenerator[Any, None]:
                             response.status, await response.text(errors="replace"), path
                         )
                     elif response.headers.get("Content-Type", "").startswith("text/event-stream"):
-                        if resent and ledger is not None and ledger.continued:
-                            yield continuation.notice_comment(ledger.kept, continuation.last_cause(state.status), state.profile)
-                        elif state.profile is not None and not resent:
+                        if resent:  # continued, or sent again whole (0 kept) where its client had been sent nothing
+                            kept = ledger.kept if ledger is not None and ledger.continued else 0
+                            yield continuation.notice_comment(kept, continuation.last_cause(state.status), state.profile)
+                        elif state.profile is not None:
                             yield ": worker " + json.dumps(worker_notice(state.profile)) + "\n\n"
                         framer = SSEFramer()
                         last = ""
