@@ -126,7 +126,7 @@ def run_round(
             deadline = time.monotonic() + engine_env.BOOT_TIMEOUT
             # Every job taken by the worker too: one still in the platform's queue at the freeze is not in flight.
             while streamed_ids(cp, jobs["completion-streamed"]) < TOKENS / 8 or not all(cp.taken(job) for job in jobs.values()):
-                assert time.monotonic() < deadline, "the streamed completion's client never held an eighth of its tokens, or a job was not taken"
+                assert time.monotonic() < deadline, "no eighth of the streamed completion's tokens held, or a job not taken"
                 time.sleep(0.02)
             late = not freeze(jobs)
         results: dict[str, Any] = {}

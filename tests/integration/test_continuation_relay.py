@@ -63,10 +63,13 @@ def routes(bodies: list[dict[str, Any]], cut: asyncio.Event, before_cut: int = 2
     return table
 
 
-async def test_a_stream_cut_by_a_death_is_continued_in_one_stream(monkeypatch: Any) -> None:
+async def cut_and_relaunched(
+    monkeypatch: Any, job: dict[str, Any], before_cut: int
+) -> tuple[list[Any], list[dict[str, Any]], WorkerState]:
+    """The job's parts, the bodies the engine stand-in was sent, and the state: the engine dies after
+    `before_cut` events, main records the death and marks the relaunched engine ready 0.3 s later."""
     bodies: list[dict[str, Any]] = []
-    cut = asyncio.Event()
-    runner, port = await serve(routes(bodies, cut))
+    runner, port = await serve(routes(bodies, asyncio.Event(), before_cut))
     state = WorkerState(served_model_name="m", port=port)
     state.mark_ready()
     entered = on_death_wait(monkeypatch)
@@ -77,15 +80,20 @@ async def test_a_stream_cut_by_a_death_is_continued_in_one_stream(monkeypatch: A
         await asyncio.sleep(0.3)
         state.mark_ready()
 
+    try:
+        parts, _ = await asyncio.gather(run_handler(state, job), main_notices_and_relaunches())
+    finally:
+        await runner.cleanup()
+    return parts, bodies, state
+
+
+async def test_a_stream_cut_by_a_death_is_continued_in_one_stream(monkeypatch: Any) -> None:
     job = {
         "openai_route": "/v1/completions",
         "openai_input": {"prompt": "x", "max_tokens": 4, "min_tokens": 4, "temperature": 0, "stream": True,
                          "stream_options": {"include_usage": True}},
     }  # fmt: skip
-    try:
-        parts, _ = await asyncio.gather(run_handler(state, job), main_notices_and_relaunches())
-    finally:
-        await runner.cleanup()
+    parts, bodies, state = await cut_and_relaunched(monkeypatch, job, before_cut=2)
 
     text = "".join(p for p in parts if isinstance(p, str))
     data = [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: {")]
@@ -105,24 +113,8 @@ async def test_a_stream_cut_by_a_death_is_continued_in_one_stream(monkeypatch: A
 
 
 async def test_a_stream_cut_before_its_first_event_is_sent_again_whole_and_says_so(monkeypatch: Any) -> None:
-    bodies: list[dict[str, Any]] = []
-    cut = asyncio.Event()
-    runner, port = await serve(routes(bodies, cut, before_cut=0))
-    state = WorkerState(served_model_name="m", port=port)
-    state.mark_ready()
-    entered = on_death_wait(monkeypatch)
-
-    async def main_notices_and_relaunches() -> None:
-        await entered.wait()
-        state.record_death(DEATH)
-        await asyncio.sleep(0.3)
-        state.mark_ready()
-
     job = {"openai_route": "/v1/completions", "openai_input": {"prompt": "x", "max_tokens": 2, "stream": True}}
-    try:
-        parts, _ = await asyncio.gather(run_handler(state, job), main_notices_and_relaunches())
-    finally:
-        await runner.cleanup()
+    parts, bodies, state = await cut_and_relaunched(monkeypatch, job, before_cut=0)
 
     text = "".join(p for p in parts if isinstance(p, str))
     # The client had been sent nothing: the whole stream is the relaunched engine's, named as a continuation.
