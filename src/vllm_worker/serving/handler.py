@@ -513,8 +513,8 @@ async def handler(job: dict[str, Any]) -> AsyncGenerator[Any, None]:
                             response.status, await response.text(errors="replace"), path
                         )
                     elif response.headers.get("Content-Type", "").startswith("text/event-stream"):
-                        if resent:  # continued, or sent again whole (0 kept) where its client had been sent nothing
-                            kept = ledger.kept if ledger is not None and ledger.continued else 0
+                        if resent:  # continued, or sent again whole where its client had been sent nothing (ledger.kept 0)
+                            kept = ledger.kept if ledger is not None else 0
                             yield continuation.notice_comment(kept, continuation.last_cause(state.status), state.profile)
                         elif state.profile is not None:
                             yield ": worker " + json.dumps(worker_notice(state.profile)) + "\n\n"
