@@ -34,7 +34,7 @@ def chunk(text: str, ids: list[int], first: bool = False, finish: str | None = N
     }  # fmt: skip
 
 
-def routes(bodies: list[dict[str, Any]], cut: asyncio.Event, before_cut: int = 2) -> web.RouteTableDef:
+def routes(bodies: list[dict[str, Any]], before_cut: int = 2) -> web.RouteTableDef:
     """The first request is sent `before_cut` events (at most 2) before the engine dies; the next, the rest."""
     table = web.RouteTableDef()
 
@@ -49,7 +49,6 @@ def routes(bodies: list[dict[str, Any]], cut: asyncio.Event, before_cut: int = 2
             if sent:
                 await response.write(b"".join(sent))
             await asyncio.sleep(0.2)
-            cut.set()
             assert request.transport is not None
             request.transport.abort()  # the engine died mid-stream
             return response
@@ -69,7 +68,7 @@ async def cut_and_relaunched(
     """The job's parts, the bodies the engine stand-in was sent, and the state: the engine dies after
     `before_cut` events, main records the death and marks the relaunched engine ready 0.3 s later."""
     bodies: list[dict[str, Any]] = []
-    runner, port = await serve(routes(bodies, asyncio.Event(), before_cut))
+    runner, port = await serve(routes(bodies, before_cut))
     state = WorkerState(served_model_name="m", port=port)
     state.mark_ready()
     entered = on_death_wait(monkeypatch)
@@ -132,7 +131,7 @@ async def test_a_stream_cut_before_its_first_event_is_sent_again_whole_and_says_
 
 async def test_a_seeded_stream_cut_by_a_death_is_answered_with_why(monkeypatch: Any) -> None:
     bodies: list[dict[str, Any]] = []
-    runner, port = await serve(routes(bodies, asyncio.Event()))
+    runner, port = await serve(routes(bodies))
     state = WorkerState(served_model_name="m", port=port)
     state.mark_ready()
     entered = on_death_wait(monkeypatch)
@@ -154,7 +153,7 @@ async def test_a_seeded_stream_cut_by_a_death_is_answered_with_why(monkeypatch: 
 
 async def test_a_job_cancelled_while_it_waits_for_the_relaunch_stays_cancelled(monkeypatch: Any) -> None:
     bodies: list[dict[str, Any]] = []
-    runner, port = await serve(routes(bodies, asyncio.Event()))
+    runner, port = await serve(routes(bodies))
     state = WorkerState(served_model_name="m", port=port)
     state.mark_ready()
     entered = on_death_wait(monkeypatch)
