@@ -130,7 +130,10 @@ def _start_and_serve(
     if outcome.engine is not None and not outcome.fatal and outcome.climb is not None:
         climb = outcome.climb
         gate = intake.Intake(
-            lambda: intake.bounds_from(state.status, settings.max_concurrency), settings.adaptive_concurrency
+            lambda: intake.bounds_from(
+                state.status, settings.max_concurrency, climb.profile.known_max_num_seqs(settings.max_concurrency)
+            ),
+            settings.adaptive_concurrency,
         )
         state.load_watch = engine_load.LoadWatch(
             settings.vllm_host, settings.vllm_port, lambda: climb.profile, settings.max_concurrency, intake=gate

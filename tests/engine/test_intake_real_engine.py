@@ -56,53 +56,49 @@ def in_engine(port: int) -> tuple[int, int, int]:
     return running, waiting, finished
 
 
-def test_a_burst_stays_in_the_platforms_queue_and_every_job_completes(tiny_model: Path, tmp_path: Path) -> None:
-    env = engine_env.tiny_worker_env(
-        tiny_model, MAX_MODEL_LEN="2048", KV_CACHE_MEMORY_BYTES="4194304", MAX_CONCURRENCY="30", DRAIN_TIMEOUT="0"
-    )
-    port = int(env["VLLM_PORT"])
-    with ControlPlane() as cp:
-        proc = WorkerProcess(env, control_plane=cp, workdir=tmp_path).start()
-        try:
-            proc.wait_for_log(r"engine ready; taking jobs", timeout=engine_env.BOOT_TIMEOUT)
-            body = {"prompt": "hello " * 20, "max_tokens": TOKENS, "min_tokens": TOKENS, "stream": True}
-            jobs = [cp.submit({"openai_route": "/v1/completions", "openai_input": body}) for _ in range(JOBS)]
-            spare: list[int] = []
-            settled: list[int] = []
-            unfinished: list[int] = []
-            rows: list[tuple[float, int, int, int, int, int, int, float]] = []
-            done = threading.Event()
+Sample = tuple[float, int, int, int, int, int, int, float]
 
-            def sample() -> None:
-                while not done.wait(SAMPLE_S):
-                    if cp.queued() == 0:
-                        continue
-                    at = time.monotonic()
-                    lines = [cp.timeline(j) for j in jobs]
-                    held = [t for t in lines if t["taken"] is not None and t["done"] is None]
-                    arriving = [t for t in held if t["first_stream"] is None and at - (t["taken"] or at) < ON_THE_WAY_S]
-                    answered = sum(1 for t in lines if t["done"] is not None)
-                    engine, waiting, finished = in_engine(port)
-                    spare.append(len(held) - engine)
-                    settled.append(len(held) - len(arriving) - engine)
-                    # Held jobs vLLM has already finished (their answers still on their way to the platform) could
-                    # not be started by a second worker: neither running nor waiting, they are done computing.
-                    relaying = finished - answered
-                    unfinished.append(len(held) - len(arriving) - engine - relaying)
-                    rows.append((at, len(held), len(arriving), engine, waiting, relaying, cp.queued(), time.monotonic() - at))
 
-            sampler = threading.Thread(target=sample, daemon=True)
-            sampler.start()
-            try:
-                results = [cp.result(j, timeout=engine_env.BOOT_TIMEOUT) for j in jobs]
-            finally:
-                done.set()
-                sampler.join()
-            status = cp.result(cp.submit({"route": "/worker/status"}), timeout=60)["output"][0]["intake"]
-        finally:
-            stop_with_engine(proc, timeout=60)
+def burst(cp: ControlPlane, port: int, jobs: int, body: dict) -> tuple[list[dict], list[int], list[int], list[int], list[Sample]]:
+    """`jobs` streamed jobs of `body` queued at once, sampled every SAMPLE_S while the platform still queues:
+    the answers; taken but not running; less those on their way in; less those vLLM finished too; each sample."""
+    ids = [cp.submit({"openai_route": "/v1/completions", "openai_input": body}) for _ in range(jobs)]
+    spare: list[int] = []
+    settled: list[int] = []
+    unfinished: list[int] = []
+    rows: list[Sample] = []
+    done = threading.Event()
 
-    assert [r["error"] for r in results if "error" in r] == []
+    def sample() -> None:
+        while not done.wait(SAMPLE_S):
+            if cp.queued() == 0:
+                continue
+            at = time.monotonic()
+            lines = [cp.timeline(j) for j in ids]
+            held = [t for t in lines if t["taken"] is not None and t["done"] is None]
+            arriving = [t for t in held if t["first_stream"] is None and at - (t["taken"] or at) < ON_THE_WAY_S]
+            answered = sum(1 for t in lines if t["done"] is not None)
+            engine, waiting, finished = in_engine(port)
+            spare.append(len(held) - engine)
+            settled.append(len(held) - len(arriving) - engine)
+            # Held jobs vLLM has already finished (their answers still on their way to the platform) could
+            # not be started by a second worker: neither running nor waiting, they are done computing.
+            relaying = finished - answered
+            unfinished.append(len(held) - len(arriving) - engine - relaying)
+            rows.append((at, len(held), len(arriving), engine, waiting, relaying, cp.queued(), time.monotonic() - at))
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        results = [cp.result(j, timeout=engine_env.BOOT_TIMEOUT) for j in ids]
+    finally:
+        done.set()
+        sampler.join()
+    return results, spare, settled, unfinished, rows
+
+
+def report(spare: list[int], settled: list[int], unfinished: list[int], rows: list[Sample]) -> int:
+    """Print the figures and every sample over the bound with its parts; the p95 of what waits inside vLLM."""
     assert spare, "the platform never queued: nothing was measured"
     p95, settled_p95, unfinished_p95 = (sorted(xs)[math.ceil(0.95 * len(xs)) - 1] for xs in (spare, settled, unfinished))
     print(
@@ -115,9 +111,50 @@ def test_a_burst_stays_in_the_platforms_queue_and_every_job_completes(tiny_model
         if held - arriving - engine > P95_BOUND:
             print(f"{at - start:7.2f} s: held {held}, arriving {arriving}, running {engine}, waiting in vLLM {waiting}, "
                   f"finished in vLLM and not answered {relaying}, queued {queued}, sample took {read_s:.2f} s")
-    assert unfinished_p95 <= P95_BOUND
+    return unfinished_p95
+
+
+def test_a_burst_stays_in_the_platforms_queue_and_every_job_completes(tiny_model: Path, tmp_path: Path) -> None:
+    env = engine_env.tiny_worker_env(
+        tiny_model, MAX_MODEL_LEN="2048", KV_CACHE_MEMORY_BYTES="4194304", MAX_CONCURRENCY="30", DRAIN_TIMEOUT="0"
+    )
+    port = int(env["VLLM_PORT"])
+    with ControlPlane() as cp:
+        proc = WorkerProcess(env, control_plane=cp, workdir=tmp_path).start()
+        try:
+            proc.wait_for_log(r"engine ready; taking jobs", timeout=engine_env.BOOT_TIMEOUT)
+            body = {"prompt": "hello " * 20, "max_tokens": TOKENS, "min_tokens": TOKENS, "stream": True}
+            results, *samples = burst(cp, port, JOBS, body)
+            status = cp.result(cp.submit({"route": "/worker/status"}), timeout=60)["output"][0]["intake"]
+        finally:
+            stop_with_engine(proc, timeout=60)
+
+    assert [r["error"] for r in results if "error" in r] == []
+    assert report(*samples) <= P95_BOUND
     assert status["adaptive"] is True and 1 <= status["limit"] <= 30 and status["reason"]
     assert status["left_in_platform_queue"] == 30 - max(status["limit"], status["paced_up_to"] or 0)
     # The 40 finished requests' means, from vLLM's own histograms: the tiny model's prompt and the 600 tokens.
     assert status["recent_requests"]["generated_tokens"] == pytest.approx(600.0)
     assert status["recent_requests"]["engine_seconds"] > 0
+
+
+def test_under_max_num_seqs_a_burst_waits_in_the_platforms_queue_not_in_vllm(tiny_model: Path, tmp_path: Path) -> None:
+    # A cache that holds every job (the tiny model's 64 MiB: over a hundred of these), MAX_NUM_SEQS=3 under
+    # MAX_CONCURRENCY=30: vLLM runs 3 at once, so the worker takes those and one more. Taking by the cache's
+    # room alone, it held all 30 (MAX_NUM_SEQS left out of the bounds, 2026-12-06: p95 26 of them waiting in vLLM).
+    env = engine_env.tiny_worker_env(tiny_model, MAX_MODEL_LEN="2048", MAX_NUM_SEQS="3", MAX_CONCURRENCY="30", DRAIN_TIMEOUT="0")
+    port = int(env["VLLM_PORT"])
+    with ControlPlane() as cp:
+        proc = WorkerProcess(env, control_plane=cp, workdir=tmp_path).start()
+        try:
+            proc.wait_for_log(r"engine ready; taking jobs", timeout=engine_env.BOOT_TIMEOUT)
+            body = {"prompt": "hello " * 20, "max_tokens": 200, "min_tokens": 200, "stream": True}
+            results, *samples = burst(cp, port, JOBS, body)
+            status = cp.result(cp.submit({"route": "/worker/status"}), timeout=60)["output"][0]["intake"]
+        finally:
+            stop_with_engine(proc, timeout=60)
+
+    assert [r["error"] for r in results if "error" in r] == []
+    assert report(*samples) <= 1  # the one more, waiting for a slot
+    assert (status["max_num_seqs"], status["limit"], status["left_in_platform_queue"]) == (3, 4, 26)
+    assert "MAX_NUM_SEQS=3, the requests vLLM runs at once" in status["reason"]

@@ -66,6 +66,7 @@ class Engine:
     preemptions: int = 0
     finished: list[Request] = field(default_factory=list)
     jitter: Callable[[], float] | None = None  # a factor on each step's time
+    max_seqs: int = 1 << 30  # vLLM's max_num_seqs: the requests one step schedules at most
 
     def __post_init__(self) -> None:
         self.free = self.blocks
@@ -95,7 +96,7 @@ class Engine:
                 r.blocks += n
                 scheduled.append(r)
         if not preempted:
-            while self.waiting and self.need(self.waiting[0]) <= self.free:
+            while self.waiting and len(self.running) < self.max_seqs and self.need(self.waiting[0]) <= self.free:
                 r = self.waiting.pop(0)
                 n = self.need(r)
                 self.free -= n
@@ -139,11 +140,13 @@ def run(
     generate: int,
     seconds: float,
     jobs: int | None = None,
+    max_seqs: int = 1 << 30,
 ) -> Outcome:
     """A worker whose job loop holds `limit(at, held, engine)` jobs, with a queue that never empties, or
     `jobs` queued at once (then taken_not_running is sampled while the queue still holds some, from the
-    start). `observe(at, engine, finished since the last call)` is called every intake.POLL_S."""
-    engine = Engine(blocks, block_size)
+    start). `observe(at, engine, finished since the last call)` is called every intake.POLL_S. `max_seqs`:
+    vLLM's max_num_seqs."""
+    engine = Engine(blocks, block_size, max_seqs=max_seqs)
     held: list[Request] = []
     on_the_way: list[Request] = []
     at = next_room = next_read = next_sample = 0.0

@@ -38,6 +38,7 @@ bounds = st.builds(
     max_concurrency=st.integers(1, 64),
     kv_tokens=st.one_of(st.none(), st.integers(1, 1_000_000)),
     max_model_len=st.one_of(st.none(), st.integers(1, 32768)),
+    max_num_seqs=st.one_of(st.none(), st.integers(1, 64)),
 )
 
 
@@ -51,7 +52,8 @@ def decisions(b: Bounds, sequence: list[EngineNow | None]) -> list[Limit]:
 
 @given(bounds, st.lists(st.one_of(st.none(), reads), max_size=30))
 def test_a_decision_stays_between_one_and_max_concurrency_and_paces_only_past_the_room(b: Bounds, sequence: list) -> None:
-    top = max(1, b.max_concurrency)
+    # vLLM runs no more than MAX_NUM_SEQS at once: that and one to start at the next end
+    top = max(1, min(b.max_concurrency, b.max_num_seqs + 1 if b.max_num_seqs else b.max_concurrency))
     assert 1 <= intake.first(b).value <= top
     for limit in decisions(b, sequence):
         assert 1 <= limit.value <= top
@@ -288,46 +290,56 @@ def test_the_bounds_are_the_capacity_plans_figures_as_the_engine_reported_them()
     assert intake.bounds_from(status, 30) == Bounds(30, 4096, 2048)
     assert intake.bounds_from({"capacity_plan": {"predicted_kv_cache_tokens": 5000}}, 8) == Bounds(8, 5000, None)
     assert intake.bounds_from({"capacity_plan": None}, 8) == Bounds(8)
+    assert intake.bounds_from(status, 30, 8) == Bounds(30, 4096, 2048, max_num_seqs=8)
 
 
-def test_the_setting_turns_adaptation_off_and_a_bad_value_is_one_sentence() -> None:
-    from vllm_worker.config import settings
-
-    assert settings.load({}).adaptive_concurrency is True
-    assert settings.load({"ADAPTIVE_CONCURRENCY": "off"}).adaptive_concurrency is False
-    with pytest.raises(settings.SettingsError, match="ADAPTIVE_CONCURRENCY"):
-        settings.load({"ADAPTIVE_CONCURRENCY": "sometimes"})
-
-
-def test_the_status_job_shows_the_limit_the_pace_why_and_the_slots_left_to_the_platforms_queue() -> None:
-    import asyncio
-    import threading
-
+def test_the_engines_max_num_seqs_is_the_profiles_or_unknown_where_a_config_file_may_set_it() -> None:
     from vllm_worker.config.profile import LaunchProfile
-    from vllm_worker.serving import handler
-    from vllm_worker.serving.state import WorkerState
 
-    gate = intake.Intake(lambda: BOUNDS, held=lambda: 6)
-    read = EngineNow(5, 1, 0.98, preempted=1, finished=1, prompt_tokens=42, generated_tokens=600, engine_seconds=12, block_size=128)
-    gate.observe(read, 1.0)
-    state = WorkerState(served_model_name="m", ready=threading.Event())  # not ready: no /metrics read
-    state.load_watch = engine_load.LoadWatch("127.0.0.1", 1, lambda: LaunchProfile.parse({}), 30, intake=gate)
-    handler.configure(state)
+    assert LaunchProfile.parse({"MAX_NUM_SEQS": "8"}).known_max_num_seqs(30) == 8
+    assert LaunchProfile.parse({"VLLM_EXTRA_ARGS": "--max-num-seqs 6"}).known_max_num_seqs(30) == 6
+    assert LaunchProfile.parse({}).known_max_num_seqs(30) == 32  # the worker's default: a multiple of 8 >= 30
+    assert LaunchProfile.parse({"VLLM_CONFIG_FILE": "/c.yaml"}).known_max_num_seqs(30) is None
+    assert LaunchProfile.parse({"VLLM_CONFIG_FILE": "/c.yaml", "MAX_NUM_SEQS": "4"}).known_max_num_seqs(30) == 4
 
-    async def status() -> list:
-        return [part async for part in handler.handler({"id": "s", "input": {"route": "/worker/status"}})]
 
-    try:
-        [report] = asyncio.run(status())
-    finally:
-        handler.configure(None)  # type: ignore[arg-type]
-    shown = report["intake"]
-    assert shown == gate.status()
-    assert (shown["limit"], shown["paced_up_to"], shown["left_in_platform_queue"]) == (5, 9, 21)
-    assert shown["pace_seconds"] == round(12 / (4096 / 406), 3)
-    assert shown["recent_requests"] == {"prompt_tokens": 42.0, "generated_tokens": 600.0, "engine_seconds": 12.0}
-    assert "1 preempted since the last read" in shown["reason"] and shown["engine"]["waiting"] == 1
-    assert shown["engine"]["held_by_worker"] == 6
+def test_below_max_concurrency_max_num_seqs_and_one_more_bound_what_is_taken_and_the_reason_says_so() -> None:
+    seqs = Bounds(30, kv_tokens=10_000_000, max_model_len=2048, max_num_seqs=8)
+    words = "up to 9: MAX_NUM_SEQS=8, the requests vLLM runs at once, and one to start the moment one ends (below MAX_CONCURRENCY=30)"
+    start = intake.first(seqs)
+    assert start.value == 9 and start.reason.endswith("; " + words)
+    roomy = EngineNow(8, 1, 0.01, finished=1, prompt_tokens=42, generated_tokens=600, engine_seconds=12, block_size=16,
+                      generated_now=800, seconds=1.0, running_before=8)
+    limit = intake.decide(start, roomy, seqs)
+    assert (limit.value, limit.target, limit.pace_s, limit.waiting) == (9, None, None, 0)  # at MAX_NUM_SEQS: not paced
+    assert limit.reason.endswith("; " + words)
+    assert intake.allowed(limit, 9, None, 0.0) == 9  # full: nothing more, paced or not
+    assert intake.decide(start, None, seqs) == Limit(9, intake.NO_FIGURES_REASON.removesuffix("up to MAX_CONCURRENCY") + words)
+    assert intake.decide(start, EngineNow(3, 0, 0.1), Bounds(30, max_num_seqs=8)).value == 9  # no KV size: MAX_NUM_SEQS
+    # Where the cache, not MAX_NUM_SEQS, bounds the jobs, the reason does not name it; nor where it is not below.
+    tight = intake.decide(start, roomy, Bounds(30, kv_tokens=4096, max_model_len=2048, max_num_seqs=16))
+    assert "MAX_NUM_SEQS" not in tight.reason and tight.value == 8
+    # MAX_NUM_SEQS running where the cache is the bound too: paced, and held back while requests wait in vLLM.
+    full = EngineNow(8, 1, 0.9, finished=1, prompt_tokens=42, generated_tokens=600, engine_seconds=12, block_size=128,
+                     generated_now=800, seconds=1.0, running_before=8)
+    both = intake.decide(start, full, Bounds(30, kv_tokens=4096, max_model_len=2048, max_num_seqs=8))
+    assert (both.value, both.waiting) == (8, 1) and both.pace_s is not None
+    exact = intake.decide(start, EngineNow(0, 0, 0.0, block_size=16), Bounds(30, 9 * 656, 656, max_num_seqs=8))
+    assert exact.value == 9 and "MAX_NUM_SEQS" not in exact.reason  # the cache holds exactly 9: it, not vLLM, bounds
+    assert intake.first(Bounds(30, max_num_seqs=32)) == intake.first(Bounds(30))
+    assert intake.first(Bounds(30, max_num_seqs=29)) == intake.first(Bounds(30))  # 29 and one more: 30
+    assert intake.decide(start, None, Bounds(30, max_num_seqs=30)).reason == intake.NO_FIGURES_REASON
+
+
+def test_paced_under_max_num_seqs_requests_start_its_share_of_a_request_apart() -> None:
+    # A cache that holds 20 of these on average, MAX_NUM_SEQS=4: the ends spread over what runs, 150 tokens apart.
+    b = Bounds(30, kv_tokens=20 * 406, max_model_len=2048, max_num_seqs=4)
+    read = EngineNow(1, 0, 0.05, finished=1, prompt_tokens=42, generated_tokens=600, engine_seconds=12, block_size=128,
+                     generated_now=100, seconds=1.0, running_before=1)
+    limit = intake.decide(intake.first(b), read, b)
+    assert limit.pace_s == pytest.approx(600 / 4 * 0.01)  # 10 ms a token: 1 s x 1 running / 100 tokens
+    unbound = intake.decide(intake.first(BOUNDS), read, Bounds(30, kv_tokens=20 * 406, max_model_len=2048))
+    assert unbound.pace_s == pytest.approx(600 / 20 * 0.01)
 
 
 # --- the rule over minutes of a busy worker (tests/support/kv_model.py) ---
@@ -421,6 +433,25 @@ def test_a_burst_waits_in_the_platforms_queue_not_in_vllm(blocks: int, block: in
     assert p95(given_all.taken_not_running) >= 15
     assert p95(aware.taken_not_running) <= 2, aware.taken_not_running
     assert aware.ended < 600.0 and given_all.ended < 600.0  # all 40 answered
+
+
+@pytest.mark.parametrize("jobs, seconds", [(None, 120.0), (40, 600.0)])
+def test_where_max_num_seqs_bounds_the_engine_not_its_cache_the_rest_waits_in_the_platforms_queue(
+    jobs: int | None, seconds: float
+) -> None:
+    # A GPU's cache that holds 30 of these jobs and more, with MAX_NUM_SEQS=6 under MAX_CONCURRENCY=30: vLLM runs
+    # 6 at once whatever its cache holds, so a worker that took by the cache's room alone held 24 in vLLM.
+    kw = dict(blocks=4096, block_size=16, prompt=42, generate=200, seconds=seconds, jobs=jobs, max_seqs=6)
+    given_all = kv_model.run(fixed(30), lambda *a: None, **kw)  # type: ignore[arg-type]
+    limit, observe, gate = capacity_aware(Bounds(30, 4096 * 16, 2048, max_num_seqs=6))
+    aware = kv_model.run(limit, observe, **kw)  # type: ignore[arg-type]
+    assert p95(given_all.taken_not_running) >= 20
+    assert p95(aware.taken_not_running) <= 2, aware.taken_not_running
+    assert gate.status()["max_num_seqs"] == 6 and gate.status()["left_in_platform_queue"] == 23
+    if jobs is None:
+        assert aware.completed >= 0.95 * given_all.completed, (aware.completed, given_all.completed)
+    else:
+        assert aware.ended < seconds and given_all.ended < seconds
 
 
 def test_without_pacing_the_engine_runs_in_lockstep_and_half_empty() -> None:

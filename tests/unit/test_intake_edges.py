@@ -155,6 +155,7 @@ def test_the_holder_before_any_read_and_after_one() -> None:
         "paced_up_to": 9,
         "pace_seconds": round(12.0 / (4096 / (127 / 3 + 1801 / 6 + 64)), 3),
         "max_concurrency": 30,
+        "max_num_seqs": None,
         "reason": after.reason,
         "engine": {"running": 5, "waiting": 1, "kv_cache_usage": 0.1235, "preempted_since_last_read": 2, "held_by_worker": 3},
         "recent_requests": {"prompt_tokens": 42.3, "generated_tokens": 600.3, "engine_seconds": 12.0},

@@ -448,6 +448,13 @@ class LaunchProfile:
             return self.max_num_seqs
         return self.default_max_num_seqs(max_concurrency if max_concurrency is not None else self.max_concurrency)
 
+    def known_max_num_seqs(self, max_concurrency: int | None = None) -> int | None:
+        """MAX_NUM_SEQS the engine runs with where the worker knows it: None where a config file passes it
+        (the worker then passes no default of its own, so the file's value or vLLM's applies)."""
+        if self.max_num_seqs is None and self.config_file is not None:
+            return None
+        return self.effective_max_num_seqs(max_concurrency)
+
     def kv_cache_for(self, cpu: bool) -> KvCacheSize | None:
         return self.kv_cache_cpu if cpu else self.kv_cache
 

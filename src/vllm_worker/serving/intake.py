@@ -27,6 +27,11 @@ and the clock at each take:
   0.70 of its tokens a second); started a pace apart, their ends spread and the cache stays nearly as
   full as vLLM keeps it with a queue, without the queue.
 - Nothing known of the KV cache's size: up to MAX_CONCURRENCY.
+- Never past MAX_NUM_SEQS and one more, where that is below MAX_CONCURRENCY: vLLM runs no more requests
+  at once whatever its cache holds (each step schedules at most that many), so a job past them would
+  only wait inside vLLM, as every job past the KV cache's room does. The one more waits there to start at
+  the step a request ends (tests/unit/test_intake.py: without it, jobs of 200 tokens completed 0.88 of a
+  fixed worker's in the model, their slots empty while the next job was taken).
 
 Recent requests: means over those finished so far, each earlier one weighing KEEP as much per request
 finished after it, so they follow a change of the jobs within tens of requests. `decide` (each read)
@@ -50,8 +55,9 @@ POLL_S = 1.0
 KEEP = 0.9
 LOG_EVERY_S = 30.0
 OFF_REASON = "adaptation is off (ADAPTIVE_CONCURRENCY=false): the worker takes up to MAX_CONCURRENCY jobs"
-NO_FIGURES_REASON = "the engine gives no load figures (vLLM keeps none with DISABLE_LOG_STATS=true): up to MAX_CONCURRENCY"
-NO_KV_REASON = "the KV cache's size is unknown (neither the capacity plan nor vLLM gives it): up to MAX_CONCURRENCY"
+UP_TO_MAX_CONCURRENCY = "up to MAX_CONCURRENCY"
+NO_FIGURES_REASON = "the engine gives no load figures (vLLM keeps none with DISABLE_LOG_STATS=true): " + UP_TO_MAX_CONCURRENCY
+NO_KV_REASON = "the KV cache's size is unknown (neither the capacity plan nor vLLM gives it): " + UP_TO_MAX_CONCURRENCY
 
 
 @dataclass(frozen=True)
@@ -61,6 +67,30 @@ class Bounds:
     max_concurrency: int
     kv_tokens: int | None = None
     max_model_len: int | None = None
+    max_num_seqs: int | None = None  # the requests vLLM runs at once (None: unknown, a vLLM config file's)
+
+    @property
+    def top(self) -> int:
+        """The most jobs worth holding: MAX_CONCURRENCY, or MAX_NUM_SEQS and one more where that is lower (the
+        one waits inside vLLM to start at the step a running request ends, where a job taken then would
+        reach the engine a take later: a slot empty for that long every request)."""
+        seqs = self.max_num_seqs if self.max_num_seqs is not None and self.max_num_seqs > 0 else None
+        return max(1, self.max_concurrency if seqs is None else min(self.max_concurrency, seqs + 1))
+
+    @property
+    def seqs_bound(self) -> bool:
+        """MAX_NUM_SEQS, not MAX_CONCURRENCY, is the most jobs worth holding."""
+        return self.top < max(1, self.max_concurrency)
+
+    def up_to(self, reason: str = UP_TO_MAX_CONCURRENCY) -> str:
+        """`reason` (which ends "up to MAX_CONCURRENCY") with MAX_NUM_SEQS in its place where that is lower."""
+        if not self.seqs_bound:
+            return reason
+        return (
+            reason.removesuffix(UP_TO_MAX_CONCURRENCY)
+            + f"up to {self.top}: MAX_NUM_SEQS={self.max_num_seqs}, the requests vLLM runs at once, and one to start "
+            f"the moment one ends (below MAX_CONCURRENCY={self.max_concurrency})"
+        )
 
 
 @dataclass(frozen=True)
@@ -202,14 +232,21 @@ def token_seconds(before: float | None, now: EngineNow, recent: Recent | None) -
 def first(bounds: Bounds) -> Limit:
     """The limit before the engine has said anything: what the KV cache holds of full-length requests, +1."""
     if not bounds.kv_tokens or not bounds.max_model_len:
-        return Limit(max(1, bounds.max_concurrency), "the capacity plan gives no KV cache size: up to MAX_CONCURRENCY")
+        return Limit(bounds.top, bounds.up_to(f"the capacity plan gives no KV cache size: {UP_TO_MAX_CONCURRENCY}"))
     fit = bounds.kv_tokens // bounds.max_model_len
-    value = max(1, min(bounds.max_concurrency, fit + 1))
+    value = max(1, min(bounds.top, fit + 1))
     return Limit(
         value,
         f"start: the KV cache holds {bounds.kv_tokens:,} tokens, {fit} request(s) of MAX_MODEL_LEN="
-        f"{bounds.max_model_len:,} tokens (+1 spare)",
+        f"{bounds.max_model_len:,} tokens (+1 spare)" + _capped(bounds, fit + 1),
     )
+
+
+def _capped(bounds: Bounds, wanted: int) -> str:
+    """The reason's end where MAX_NUM_SEQS, not the KV cache, bounds what is taken."""
+    if wanted > bounds.top and bounds.seqs_bound:
+        return f"; {bounds.up_to()}"
+    return ""
 
 
 def _figures(now: EngineNow) -> str:
@@ -218,35 +255,45 @@ def _figures(now: EngineNow) -> str:
 
 def decide(current: Limit, now: EngineNow | None, bounds: Bounds) -> Limit:
     """The limit after one read of the engine."""
-    top = max(1, bounds.max_concurrency)
+    top = bounds.top
     if now is None:
-        return Limit(top, NO_FIGURES_REASON, recent=current.recent, token_s=current.token_s)
+        return Limit(top, bounds.up_to(NO_FIGURES_REASON), recent=current.recent, token_s=current.token_s)
     lately = recent(current.recent, now)
     step = token_seconds(current.token_s, now, lately)
     kv = bounds.kv_tokens or now.kv_tokens
     length = lately.length if lately is not None else bounds.max_model_len
     if not kv or not length or length <= 0:
-        return Limit(top, NO_KV_REASON, waiting=now.waiting, recent=lately, token_s=step)
+        return Limit(top, bounds.up_to(NO_KV_REASON), waiting=now.waiting, recent=lately, token_s=step)
     fits = room(now, kv, length)
     value = max(1, min(top, now.running + fits))
+    # MAX_NUM_SEQS running and the cache not the bound: what waits in vLLM waits for a slot (the one more taken
+    # on purpose), so nothing is held back for it, and a job taken now starts only when a request ends, at
+    # their own spread: not paced either (paced, the one more came a pace after the last end, too late).
+    at_seqs = bounds.seqs_bound and bounds.max_num_seqs is not None and now.running >= bounds.max_num_seqs and value >= top
     reason = f"{_figures(now)}: the KV cache holds {fits} more request(s) of {length:,.0f} tokens to their end"
     target = pace = None
+    wanted = now.running + fits
     block = now.block_size or 1
     average = held_on_average(kv, lately, block) if lately is not None else 0.0
-    if lately is not None and step is not None and average > 0 and lately.generated / average * step > 0:
+    if not at_seqs and lately is not None and step is not None and average > 0 and lately.generated / average * step > 0:
+        wanted = max(wanted, paced_target(kv, lately, block))
         target = max(value, min(top, paced_target(kv, lately, block)))
-        apart = lately.generated / average
+        # Running at once on average: what the cache holds, or fewer where vLLM runs no more (MAX_NUM_SEQS).
+        spread = min(average, bounds.max_num_seqs) if bounds.seqs_bound and bounds.max_num_seqs else average
+        apart = lately.generated / spread
         pace = apart * step
         if target > value:
+            over = f"the {average:.1f} the cache holds on average" if spread == average else f"the {spread} run at most"
             reason += (
                 f"; paced: one more every {pace:.2f} s ({apart:.0f} tokens of a running request apart: a recent "
-                f"request's {lately.generated:.0f} generated tokens over the {average:.1f} the cache holds on average, "
+                f"request's {lately.generated:.0f} generated tokens over {over}, "
                 f"at {step * 1000:.1f} ms a token now) up to {target}, what it holds at their peaks"
                 + (f", once more jobs have ended than the {now.waiting} request(s) waiting inside the engine" if now.waiting else "")
             )
+    reason += _capped(bounds, wanted)
     if now.preempted > 0:
         reason += f" ({now.preempted} preempted since the last read)"
-    return Limit(value, reason, target, pace, now.waiting, lately, step)
+    return Limit(value, reason, target, pace, 0 if at_seqs else now.waiting, lately, step)
 
 
 def allowed(
@@ -279,9 +326,10 @@ def allowed(
     return held + 1 if due and held < target and not waiting else held
 
 
-def bounds_from(status: Mapping[str, Any], max_concurrency: int) -> Bounds:
+def bounds_from(status: Mapping[str, Any], max_concurrency: int, max_num_seqs: int | None = None) -> Bounds:
     """The bounds from the status the worker keeps: the capacity plan's KV tokens and max_model_len as the
-    engine reported them at its start (a restart's new figures are read again)."""
+    engine reported them at its start (a restart's new figures are read again); `max_num_seqs` as the
+    engine was launched with it (None: unknown)."""
     plan = status.get("capacity_plan")
     plan = plan if isinstance(plan, Mapping) else {}
 
@@ -289,7 +337,9 @@ def bounds_from(status: Mapping[str, Any], max_concurrency: int) -> Bounds:
         value = plan.get(name)
         return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
-    return Bounds(max_concurrency, whole("kv_cache_tokens") or whole("predicted_kv_cache_tokens"), whole("max_model_len"))
+    return Bounds(
+        max_concurrency, whole("kv_cache_tokens") or whole("predicted_kv_cache_tokens"), whole("max_model_len"), max_num_seqs
+    )
 
 
 class Intake:
@@ -382,7 +432,8 @@ class Intake:
         """The status job's view: the limit, why, the figures behind it, the slots left to the platform's queue."""
         with self._lock:
             limit, engine = self._limit, self._engine
-        top = max(1, self.bounds().max_concurrency)
+        bounds = self.bounds()
+        top = max(1, bounds.max_concurrency)
         lately = limit.recent
         return {
             "adaptive": self.adaptive,
@@ -390,6 +441,7 @@ class Intake:
             "paced_up_to": limit.target,
             "pace_seconds": None if limit.pace_s is None else round(limit.pace_s, 3),
             "max_concurrency": top,
+            "max_num_seqs": bounds.max_num_seqs,
             "reason": limit.reason,
             "engine": engine,
             "recent_requests": None if lately is None else {
