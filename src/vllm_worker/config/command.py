@@ -117,6 +117,14 @@ def build_args(profile: LaunchProfile, settings: Settings, caches: Mapping[str, 
     argv += extra
     warnings += official_worker.notices(env)
     warnings += lookalike_warnings(env)
+    seqs, most = profile.known_max_num_seqs(settings.max_concurrency), settings.max_concurrency
+    if not settings.adaptive_concurrency and seqs is not None and seqs < most:
+        # With adaptation on, serving.intake takes no more than MAX_NUM_SEQS and one.
+        warnings.append(
+            f"MAX_NUM_SEQS={seqs} is below MAX_CONCURRENCY={most} with ADAPTIVE_CONCURRENCY=false: the worker takes "
+            f"{most} jobs and vLLM runs {seqs} of them at once, so {most - seqs} wait inside vLLM, where the endpoint's "
+            f"autoscaler does not see them; set MAX_CONCURRENCY={seqs}, or ADAPTIVE_CONCURRENCY=true."
+        )
 
     served = values.get("SERVED_MODEL_NAME")
     served_model_name = ([*_list_values("SERVED_MODEL_NAME", served, env), model] if served else [model])[0]

@@ -96,8 +96,8 @@ DOCUMENTED: dict[str, tuple[str | None, str]] = {
     "ADAPTIVE_CONCURRENCY": (
         "true",
         "take only as many jobs as the engine can start now (read from its /metrics every second), up to "
-        "MAX_CONCURRENCY (or MAX_NUM_SEQS and one more, where lower), so the rest wait in the endpoint's queue where the autoscaler sees them; false takes "
-        "MAX_CONCURRENCY whatever the engine can run",
+        "MAX_CONCURRENCY (or MAX_NUM_SEQS and one more, where lower), so the rest wait in the endpoint's queue "
+        "where the autoscaler sees them; false takes MAX_CONCURRENCY whatever the engine can run",
     ),
     "DEFAULT_MAX_TOKENS": (
         None,
