@@ -191,8 +191,13 @@ def test_the_pace_is_kept_in_the_engines_tokens_and_timed_by_its_steps_now() -> 
     assert intake.decide(idle, None, b).token_s == idle.token_s
     # Tokens made while nothing ran at either read (a request started and ended between them): no step seen.
     assert read(batch, 0, 50, running_before=0).token_s == batch.token_s
-    # One request, one token: a step all the same (50 ms here, weighing half beside the 20 before).
-    assert read(batch, 1, 1, seconds=0.05, running_before=1).token_s == pytest.approx(0.035)
+    # One request, one token: a step all the same (40 ms here, weighing half beside the 20 before).
+    assert read(batch, 1, 1, seconds=0.04, running_before=1).token_s == pytest.approx(0.03)
+    # A stall of the host: 9 running made 63 tokens in 3 s (a step of 429 ms where it was 20): it counts as 40 ms,
+    # so the pace is 1.5 times what it was, not 11; a machine that stays that slow is followed, doubling a read.
+    stalled = read(batch, 9, 63, seconds=3.0, running_before=9)
+    assert stalled.token_s == pytest.approx(0.03) and stalled.pace_s == pytest.approx(apart * 0.03)
+    assert read(stalled, 9, 63, seconds=3.0, running_before=9).token_s == pytest.approx(0.045)
     # A read without a KV cache size keeps the step for the reads that have one.
     unknown = intake.decide(batch, EngineNow(5, 0, 0.5, generated_now=500, seconds=2.0, running_before=5), Bounds(30))
     assert unknown.reason == intake.NO_KV_REASON and unknown.token_s == pytest.approx(0.02)
