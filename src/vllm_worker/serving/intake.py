@@ -220,12 +220,12 @@ def token_seconds(before: float | None, now: EngineNow, recent: Recent | None) -
     them (on two cores with another engine test beside it, a burst then held 3 preempted requests waiting in
     vLLM for seconds: tests/engine/test_intake_real_engine.py, 2026-12-06).
 
-    One read counts for at most STALL_GROWTH times the step before it: a read across a stall of the host (on
-    two busy cores, 1 to 3 s in which vLLM's API server passed on almost none of the tokens its engine made)
-    reads a step ten times the true one, and the pace it gave held takes back for seconds after the stall,
-    while the engine ran out of requests (bench/intake.py, 2026-12-06: samples with 6 or fewer jobs held where
-    9 were allowed: 27% of a feed's second half; 16% and 10% in two feeds with the bound). A slower machine
-    is still followed: the step may double at every read."""
+    One read counts for at most STALL_GROWTH times the step before it: a read across a stall (on two busy
+    cores the engine made 63 tokens a second with 9 running for 1 to 4 s at a time, every read and take of a
+    feed logged on 2026-12-06) reads a step ten times the true one, and the pace it gave (up to 7 s) held
+    takes back for the next few reads, 13% of them, while the engine ran out of requests (bench/intake.py,
+    samples with 6 or fewer jobs held where 9 were allowed: 27% of a feed's second half; 16% and 10% in two
+    feeds with the bound). A slower machine is still followed: the step may double at every read."""
     running = now.running if now.running_before is None else (now.running + now.running_before) / 2
     if running > 0 and now.generated_now > 0 and now.seconds > 0:
         step = now.seconds * running / now.generated_now
