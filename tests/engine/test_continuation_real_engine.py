@@ -111,7 +111,8 @@ def run_round(
     extra: dict[str, Any] | None = None,
     tries: int = 3,
 ) -> dict[str, Any]:
-    """The four jobs at once; `freeze` runs once the streamed completion's client holds an eighth of its tokens.
+    """The four jobs at once; `freeze` runs once the streamed completion's client holds an eighth of its tokens,
+    the chat stream's client an event, and the worker every job.
 
     What the client holds trails what vLLM made, read in this process at once: unloaded by little, with
     both cores busy by up to two thirds of the job (a third then froze the engine after a plain job had
@@ -124,9 +125,15 @@ def run_round(
         late = False
         if freeze is not None:
             deadline = time.monotonic() + engine_env.BOOT_TIMEOUT
-            # Every job taken by the worker too: one still in the platform's queue at the freeze is not in flight.
-            while streamed_ids(cp, jobs["completion-streamed"]) < TOKENS / 8 or not all(cp.taken(job) for job in jobs.values()):
-                assert time.monotonic() < deadline, "no eighth of the streamed completion's tokens held, or a job not taken"
+            # Every job taken by the worker too: one still in the platform's queue at the freeze is not in flight. And
+            # the chat stream's client holds an event: one that holds none is sent again whole, not continued (a
+            # clean-clone CI run killed the engine before the chat stream's first event, 2026-12-06).
+            while (
+                streamed_ids(cp, jobs["completion-streamed"]) < TOKENS / 8
+                or not all(cp.taken(job) for job in jobs.values())
+                or "data: {" not in streamed_text(cp, jobs["chat-streamed"])
+            ):
+                assert time.monotonic() < deadline, "no eighth of the streamed completion's tokens held, a job not taken, or no chat event"
                 time.sleep(0.02)
             late = not freeze(jobs)
         results: dict[str, Any] = {}
