@@ -298,6 +298,46 @@ def test_the_bounds_are_the_capacity_plans_figures_as_the_engine_reported_them()
     assert intake.bounds_from(status, 30, 8) == Bounds(30, 4096, 2048, max_num_seqs=8)
 
 
+def test_the_setting_turns_adaptation_off_and_a_bad_value_is_one_sentence() -> None:
+    from vllm_worker.config import settings
+
+    assert settings.load({}).adaptive_concurrency is True
+    assert settings.load({"ADAPTIVE_CONCURRENCY": "off"}).adaptive_concurrency is False
+    with pytest.raises(settings.SettingsError, match="ADAPTIVE_CONCURRENCY"):
+        settings.load({"ADAPTIVE_CONCURRENCY": "sometimes"})
+
+
+def test_the_status_job_shows_the_limit_the_pace_why_and_the_slots_left_to_the_platforms_queue() -> None:
+    import asyncio
+    import threading
+
+    from vllm_worker.config.profile import LaunchProfile
+    from vllm_worker.serving import handler
+    from vllm_worker.serving.state import WorkerState
+
+    gate = intake.Intake(lambda: BOUNDS, held=lambda: 6)
+    read = EngineNow(5, 1, 0.98, preempted=1, finished=1, prompt_tokens=42, generated_tokens=600, engine_seconds=12, block_size=128)
+    gate.observe(read, 1.0)
+    state = WorkerState(served_model_name="m", ready=threading.Event())  # not ready: no /metrics read
+    state.load_watch = engine_load.LoadWatch("127.0.0.1", 1, lambda: LaunchProfile.parse({}), 30, intake=gate)
+    handler.configure(state)
+
+    async def status() -> list:
+        return [part async for part in handler.handler({"id": "s", "input": {"route": "/worker/status"}})]
+
+    try:
+        [report] = asyncio.run(status())
+    finally:
+        handler.configure(None)  # type: ignore[arg-type]
+    shown = report["intake"]
+    assert shown == gate.status()
+    assert (shown["limit"], shown["paced_up_to"], shown["left_in_platform_queue"]) == (5, 9, 21)
+    assert shown["pace_seconds"] == round(12 / (4096 / 406), 3)
+    assert shown["recent_requests"] == {"prompt_tokens": 42.0, "generated_tokens": 600.0, "engine_seconds": 12.0}
+    assert "1 preempted since the last read" in shown["reason"] and shown["engine"]["waiting"] == 1
+    assert shown["engine"]["held_by_worker"] == 6
+
+
 def test_the_engines_max_num_seqs_is_the_profiles_or_unknown_where_a_config_file_may_set_it() -> None:
     from vllm_worker.config.profile import LaunchProfile
 
