@@ -361,8 +361,8 @@ def test_an_answer_without_figures_puts_the_intake_at_max_concurrency() -> None:
     watch = engine_load.LoadWatch("127.0.0.1", 1, lambda: DEFAULTS, 30, clock=lambda: 50.0, intake=gate)
     watch.feed_intake(None)
     assert gate.status() == {"adaptive": True, "limit": 30, "paced_up_to": None, "pace_seconds": None,
-                             "max_concurrency": 30, "max_num_seqs": None, "reason": intake.NO_FIGURES_REASON, "engine": None, "recent_requests": None,
-                             "left_in_platform_queue": 0}
+                             "max_concurrency": 30, "max_num_seqs": None, "reason": intake.NO_FIGURES_REASON, "engine": None,
+                             "recent_requests": None, "left_in_platform_queue": 0}
 
 
 # --- read, against a real endpoint ---

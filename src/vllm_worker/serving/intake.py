@@ -284,8 +284,9 @@ def decide(current: Limit, now: EngineNow | None, bounds: Bounds) -> Limit:
     block = now.block_size or 1
     average = held_on_average(kv, lately, block) if lately is not None else 0.0
     if not at_seqs and lately is not None and step is not None and average > 0 and lately.generated / average * step > 0:
-        wanted = max(wanted, paced_target(kv, lately, block))
-        target = max(value, min(top, paced_target(kv, lately, block)))
+        peaks = paced_target(kv, lately, block)
+        wanted = max(wanted, peaks)
+        target = max(value, min(top, peaks))
         # Running at once on average: what the cache holds, or fewer where vLLM runs no more (MAX_NUM_SEQS).
         spread = min(average, bounds.max_num_seqs) if bounds.seqs_bound and bounds.max_num_seqs else average
         apart = lately.generated / spread
