@@ -15,7 +15,7 @@ control-plane stand-in (tests/support/control_plane.py). In one run:
    workers sharing one queue (the split: requests each engine completed of the jobs taken).
 
     flock /tmp/vllm-engine.lock .venv/bin/python bench/intake.py [--feed-seconds 180] [--skip-two]
-        [--rate JOBS_PER_MIN --no-burst] [--skip-fixed] [--pairs N]
+        [--rate JOBS_PER_MIN --no-burst] [--skip-fixed] [--pairs N] [--engine-threads N] [--trace DIR]
 
 Each worker's log is left in $TMPDIR/bench-intake-LABEL.log (its limit changes: "taking up to").
 
@@ -98,6 +98,7 @@ def boot(cp: ControlPlane, adaptive: bool, label: str) -> Worker:
         MAX_CONCURRENCY="30",
         ADAPTIVE_CONCURRENCY="true" if adaptive else "false",
         DRAIN_TIMEOUT="0",
+        OMP_NUM_THREADS=ENGINE_THREADS,
     )
     proc = WorkerProcess(env, control_plane=cp, workdir=Path(tempfile.mkdtemp(prefix=f"bench-intake-{label}-"))).start()
     proc.wait_for_log(r"engine ready; taking jobs", timeout=engine_env.BOOT_TIMEOUT)
@@ -178,6 +179,7 @@ def burst(cp: ControlPlane, worker: Worker) -> dict[str, Any]:
     }
 
 
+ENGINE_THREADS: str | None = None  # --engine-threads: the engine's OpenMP threads, every worker alike (None: as many as cores)
 TRACE_DIR: Path | None = None  # --trace: each feed's samples as JSON lines there
 
 
@@ -265,9 +267,14 @@ def main() -> int:
     parser.add_argument("--skip-fixed", action="store_true", help="no fixed worker (needs --rate; no ratio)")
     parser.add_argument("--pairs", type=int, default=1, help="fixed and capacity-aware feeds, alternated this many times")
     parser.add_argument("--trace", type=Path, help="write each feed's samples (every SAMPLE_S) as JSON lines to this folder")
+    parser.add_argument(
+        "--engine-threads", type=int,
+        help="OpenMP threads of every worker's engine (default: one per core; 1 leaves a core to the worker's own loop)",
+    )
     args = parser.parse_args()
-    global TRACE_DIR
+    global TRACE_DIR, ENGINE_THREADS
     TRACE_DIR = args.trace
+    ENGINE_THREADS = None if args.engine_threads is None else str(args.engine_threads)
     if not engine_env.VLLM_BIN.exists():
         print(f"{engine_env.VLLM_BIN} is missing: run `bash scripts/setup.sh`", file=sys.stderr)
         return 2
