@@ -344,6 +344,7 @@ def test_the_engines_max_num_seqs_is_the_profiles_or_unknown_where_a_config_file
     assert LaunchProfile.parse({"MAX_NUM_SEQS": "8"}).known_max_num_seqs(30) == 8
     assert LaunchProfile.parse({"VLLM_EXTRA_ARGS": "--max-num-seqs 6"}).known_max_num_seqs(30) == 6
     assert LaunchProfile.parse({}).known_max_num_seqs(30) == 32  # the worker's default: a multiple of 8 >= 30
+    assert LaunchProfile.parse({}).known_max_num_seqs(4) == 8  # of the MAX_CONCURRENCY given, not the profile's own
     assert LaunchProfile.parse({"VLLM_CONFIG_FILE": "/c.yaml"}).known_max_num_seqs(30) is None
     assert LaunchProfile.parse({"VLLM_CONFIG_FILE": "/c.yaml", "MAX_NUM_SEQS": "4"}).known_max_num_seqs(30) == 4
 
@@ -374,6 +375,9 @@ def test_below_max_concurrency_max_num_seqs_and_one_more_bound_what_is_taken_and
     assert intake.first(Bounds(30, max_num_seqs=32)) == intake.first(Bounds(30))
     assert intake.first(Bounds(30, max_num_seqs=29)) == intake.first(Bounds(30))  # 29 and one more: 30
     assert intake.decide(start, None, Bounds(30, max_num_seqs=30)).reason == intake.NO_FIGURES_REASON
+    # The cache holds 4 of MAX_MODEL_LEN and one more is taken: MAX_NUM_SEQS=4 and one more is the same bound, not named.
+    assert "MAX_NUM_SEQS" not in intake.first(Bounds(30, 4 * 2048, 2048, max_num_seqs=4)).reason
+    assert intake.first(Bounds(30, 4 * 2048, 2048, max_num_seqs=3)).reason.endswith("(below MAX_CONCURRENCY=30)")
 
 
 def test_paced_under_max_num_seqs_requests_start_its_share_of_a_request_apart() -> None:
@@ -383,8 +387,18 @@ def test_paced_under_max_num_seqs_requests_start_its_share_of_a_request_apart() 
                      generated_now=100, seconds=1.0, running_before=1)
     limit = intake.decide(intake.first(b), read, b)
     assert limit.pace_s == pytest.approx(600 / 4 * 0.01)  # 10 ms a token: 1 s x 1 running / 100 tokens
+    # Past the room (a cache 90% used), the reason says what the spread is.
+    fuller = EngineNow(3, 0, 0.9, finished=1, prompt_tokens=42, generated_tokens=600, engine_seconds=12, block_size=128,
+                       generated_now=300, seconds=1.0, running_before=3)
+    paced = intake.decide(intake.first(b), fuller, b)
+    assert (paced.value, paced.target) == (4, 5)
+    assert "(150 tokens of a running request apart: a recent request's 600 generated tokens over the 4 run at most" in paced.reason
     unbound = intake.decide(intake.first(BOUNDS), read, Bounds(30, kv_tokens=20 * 406, max_model_len=2048))
     assert unbound.pace_s == pytest.approx(600 / 20 * 0.01)
+    assert "over the 20.0 the cache holds on average" in unbound.reason
+    # MAX_NUM_SEQS at or above MAX_CONCURRENCY bounds nothing: the spread is the cache's.
+    above = intake.decide(intake.first(BOUNDS), read, Bounds(4, kv_tokens=20 * 406, max_model_len=2048, max_num_seqs=6))
+    assert above.pace_s == pytest.approx(600 / 20 * 0.01)
 
 
 # --- the rule over minutes of a busy worker (tests/support/kv_model.py) ---
