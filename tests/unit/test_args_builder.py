@@ -291,6 +291,25 @@ def test_baked_model_path_is_the_positional_and_keeps_the_hub_name():
     assert any("/models/model" in w for w in built.warnings)
 
 
+def test_a_baked_model_names_every_revision_it_ignores_as_the_user_set_it_and_keeps_a_served_name_given():
+    built = build(BAKED_MODEL_PATH="/models/model", MODEL_REVISION="abc", CODE_REVISION="def", TOKENIZER_REVISION="ghi")
+    assert "MODEL_REVISION, CODE_REVISION, TOKENIZER_REVISION ignored: the model is baked into the image at /models/model." in built.warnings
+    assert "REVISION ignored: the model is baked into the image at /models/model." in build(
+        BAKED_MODEL_PATH="/models/model", REVISION="abc").warnings
+    assert build(BAKED_MODEL_PATH="/models/model", CODE_REVISION="def").warnings.count(
+        "CODE_REVISION ignored: the model is baked into the image at /models/model.") == 1
+    mine = build(BAKED_MODEL_PATH="/models/model", SERVED_MODEL_NAME="mine")
+    assert without_default_seqs(mine.argv) == ["--served-model-name", "mine"] and mine.served_model_name == "mine"
+    # The Hub name it serves under comes from MODEL_NAME, and the warning of a second one says so.
+    twice = build(BAKED_MODEL_PATH="/models/model", VLLM_EXTRA_ARGS="--served-model-name other")
+    assert "MODEL_NAME sets --served-model-name, but VLLM_EXTRA_ARGS sets it too; the VLLM_EXTRA_ARGS value wins." in twice.warnings
+
+
+def test_a_removed_variable_at_the_official_forms_default_is_silent():
+    assert not [w for w in build(SCHEDULER_DELAY_FACTOR="0").warnings if "SCHEDULER_DELAY_FACTOR" in w]
+    assert [w for w in build(SCHEDULER_DELAY_FACTOR="0.5").warnings if w.startswith("SCHEDULER_DELAY_FACTOR='0.5' is ignored")]
+
+
 def test_baked_model_keeps_tokenizer_revision_of_a_separate_tokenizer():
     built = build(BAKED_MODEL_PATH="/models/model", TOKENIZER_NAME="org/tok", TOKENIZER_REVISION="ghi")
     assert ["--tokenizer-revision", "ghi"] == built.argv[built.argv.index("--tokenizer-revision"):][:2]

@@ -76,9 +76,10 @@ def build_args(profile: LaunchProfile, settings: Settings, caches: Mapping[str, 
 
     if baked is not None:
         # The baked directory is the revision that was downloaded at build time.
-        dropped = [name for name in ("REVISION", "CODE_REVISION") if values.pop(name, None) is not None]
+        # Named as the user set them (MODEL_REVISION, the official worker's name, sets REVISION).
+        dropped = [sources[name] for name in ("REVISION", "CODE_REVISION") if values.pop(name, None) is not None]
         if "TOKENIZER" not in values and values.pop("TOKENIZER_REVISION", None) is not None:
-            dropped.append("TOKENIZER_REVISION")
+            dropped.append(sources["TOKENIZER_REVISION"])
         if dropped:
             warnings.append(f"{', '.join(dropped)} ignored: the model is baked into the image at {baked}.")
         if "SERVED_MODEL_NAME" not in values and model_name is not None:
