@@ -108,11 +108,12 @@ def streamed_ids(cp: ControlPlane, job: str) -> int:
 def run_round(
     cp: ControlPlane,
     freeze: Callable[[dict[str, str]], bool] | None = None,
-    extra: dict[str, Any] | None = None,
     tries: int = 3,
 ) -> dict[str, Any]:
-    """The four jobs at once; `freeze` runs once the streamed completion's client holds an eighth of its tokens,
-    the chat stream's client an event, and the worker every job.
+    """The four jobs and the seeded one at once (every round, the undisturbed one too: vLLM's CPU kernels are not
+    batch-invariant, and a clean-clone CI run's kill round, five jobs against an undisturbed four, streamed another
+    token at 427 of the 785 kept before the kill, 2026-12-06); `freeze` runs once the streamed completion's client
+    holds an eighth of its tokens, the chat stream's client an event, and the worker every job.
 
     What the client holds trails what vLLM made, read in this process at once: unloaded by little, with
     both cores busy by up to two thirds of the job (a third then froze the engine after a plain job had
@@ -121,7 +122,7 @@ def run_round(
     `freeze` stops the engine and returns False when a job had been answered by then: the round is let
     go on and run again."""
     for _ in range(tries):
-        jobs = {name: cp.submit(job) for name, job in {**JOBS, **(extra or {})}.items()}
+        jobs = {name: cp.submit(job) for name, job in {**JOBS, "seeded": SEEDED}.items()}
         late = False
         if freeze is not None:
             deadline = time.monotonic() + engine_env.BOOT_TIMEOUT
@@ -179,10 +180,7 @@ def serving(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
         worker = WorkerProcess(env, control_plane=cp, workdir=tmp_path_factory.mktemp("continuation")).start()
         try:
             worker.wait_for_log(r"engine ready; taking jobs", timeout=engine_env.BOOT_TIMEOUT)
-            # The seeded job in every round: the undisturbed run's batch is the disturbed ones' (vLLM's CPU kernels are not
-            # batch-invariant: a clean-clone CI run's kill round, five jobs against an undisturbed four, streamed another
-            # token at 427 of the 785 kept before the kill, 2026-12-06).
-            yield Serving(cp, worker, run_round(cp, extra={"seeded": SEEDED}))
+            yield Serving(cp, worker, run_round(cp))
         finally:
             worker.stop(timeout=120)
 
@@ -223,7 +221,7 @@ def test_four_jobs_in_flight_when_the_engine_is_killed_complete_whole(serving: S
             kill_engine_group(leader)
         return leader is not None
 
-    results = run_round(cp, kill, extra={"seeded": SEEDED})
+    results = run_round(cp, kill)
     report("SIGKILL of the engine's process group", results, base, worker)
 
     seeded = results["seeded"]
@@ -241,7 +239,7 @@ def test_four_jobs_in_flight_when_the_engine_hangs_complete_whole(serving: Servi
     def hang(jobs: dict[str, str]) -> bool:
         return frozen_in_flight(cp, worker, jobs) is not None
 
-    results = run_round(cp, hang, extra={"seeded": SEEDED})
+    results = run_round(cp, hang)
     assert set(results["seeded"]) == {"error"}, str(results["seeded"])[:300]
     report(f"a hang (SIGSTOP, ENGINE_HANG_TIMEOUT={HANG_TIMEOUT})", results, base, worker)
     assert "The engine stopped answering while serving" in worker.log()
