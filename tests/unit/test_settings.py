@@ -3,12 +3,14 @@
 import pytest
 
 from vllm_worker.config import settings
+from vllm_worker.config.profile import LaunchProfile
 from vllm_worker.config.settings import SettingsError, load, multiple_of_8_at_least
+
+PROFILE_READS = {"MAX_CONCURRENCY"}
 
 
 def test_defaults() -> None:
     s = load({})
-    assert s.max_concurrency == 30
     assert s.vllm_port == 8000
     assert s.vllm_command == ("vllm", "serve")
     assert s.vllm_host == "127.0.0.1"
@@ -17,27 +19,26 @@ def test_defaults() -> None:
 def test_values_are_parsed() -> None:
     s = load(
         {
-            "MAX_CONCURRENCY": " 12 ",
+            "WORKER_REFRESH_LIMIT": " 12 ",
             "VLLM_PORT": "8123",
             "VLLM_COMMAND": "/opt/engine/bin/vllm serve",
             "REQUEST_TIMEOUT": "2.5",
             "VLLM_STARTUP_TIMEOUT": "90",
         }
     )
-    assert (s.max_concurrency, s.vllm_port, s.request_timeout, s.startup_timeout) == (12, 8123, 2.5, 90.0)
+    assert (s.refresh_limit, s.vllm_port, s.request_timeout, s.startup_timeout) == (12, 8123, 2.5, 90.0)
     assert s.vllm_command == ("/opt/engine/bin/vllm", "serve")
 
 
 def test_empty_value_means_default() -> None:
-    assert load({"MAX_CONCURRENCY": ""}).max_concurrency == 30
+    assert load({"WORKER_REFRESH_LIMIT": ""}).refresh_limit == 3
 
 
 @pytest.mark.parametrize(
     ("name", "value", "accepted_word"),
     [
-        ("MAX_CONCURRENCY", "abc", "whole number"),
-        ("MAX_CONCURRENCY", "0", "whole number"),
-        ("MAX_CONCURRENCY", "-3", "whole number"),
+        ("WORKER_REFRESH_LIMIT", "abc", "whole number"),
+        ("WORKER_REFRESH_LIMIT", "-3", "whole number"),
         ("VLLM_PORT", "70000", "port"),
         ("REQUEST_TIMEOUT", "0", "seconds"),
         ("REQUEST_TIMEOUT", "nan", "seconds"),
@@ -56,9 +57,32 @@ def test_bad_value_is_one_sentence(name: str, value: str, accepted_word: str) ->
 
 
 def test_every_documented_variable_is_read() -> None:
+    """Each variable of the README's worker table is read once: here, or (MAX_CONCURRENCY, which also sets the
+    default MAX_NUM_SEQS) into the launch profile, and a value neither can use is refused by the one that reads it."""
+    bad = "not-a-valid-value-\"'"
     for name in settings.DOCUMENTED:
-        with pytest.raises(SettingsError):
-            load({name: "not-a-valid-value-\"'"})
+        refusal = LaunchProfile.parse({name: bad}).refusal
+        if name in PROFILE_READS:
+            load({name: bad})  # not read here: read twice, the two could disagree
+            assert refusal is not None and refusal.variable == name
+        else:
+            with pytest.raises(SettingsError):
+                load({name: bad})
+            assert refusal is None
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-3", "4097", "2.5"])
+def test_a_max_concurrency_out_of_range_is_refused_by_the_profile_in_one_sentence(value: str) -> None:
+    profile = LaunchProfile.parse({"MAX_CONCURRENCY": value})
+    assert str(profile.refusal) == f"MAX_CONCURRENCY={value!r} is not valid: a whole number from 1 to 4096."
+    assert profile.max_concurrency == 30  # until the refusal is answered, the default stands in
+
+
+@pytest.mark.parametrize(("value", "read"), [(" 12 ", 12), ("1", 1), ("4096", 4096), ("", 30)])
+def test_max_concurrency_is_read_once_into_the_profile(value: str, read: int) -> None:
+    profile = LaunchProfile.parse({"MAX_CONCURRENCY": value})
+    assert (profile.max_concurrency, profile.refusal) == (read, None)
+    assert not hasattr(load({"MAX_CONCURRENCY": value}), "max_concurrency")
 
 
 @pytest.mark.parametrize(("n", "expected"), [(1, 8), (8, 8), (9, 16), (30, 32), (32, 32), (33, 40)])

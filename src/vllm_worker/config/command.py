@@ -91,7 +91,7 @@ def build_args(profile: LaunchProfile, settings: Settings, caches: Mapping[str, 
             del values[name]
     # A config file may set max-num-seqs, and the command line would override it.
     if "MAX_NUM_SEQS" not in values and "--max-num-seqs" not in extra_flags and not config:
-        values["MAX_NUM_SEQS"] = str(profile.effective_max_num_seqs(settings.max_concurrency))
+        values["MAX_NUM_SEQS"] = str(profile.effective_max_num_seqs())
         sources["MAX_NUM_SEQS"] = "MAX_CONCURRENCY"
 
     for name, reason in NOT_FROM_ENV.items():
@@ -118,7 +118,7 @@ def build_args(profile: LaunchProfile, settings: Settings, caches: Mapping[str, 
     argv += extra
     warnings += official_worker.notices(env)
     warnings += lookalike_warnings(env)
-    seqs, most = profile.known_max_num_seqs(settings.max_concurrency), settings.max_concurrency
+    seqs, most = profile.known_max_num_seqs(), profile.max_concurrency
     if not settings.adaptive_concurrency and seqs is not None and seqs < most:
         # With adaptation on, serving.intake takes no more than MAX_NUM_SEQS and one.
         warnings.append(

@@ -23,6 +23,7 @@ from vllm_worker.config.env import RefusedValue, parse_human_int
 from vllm_worker.config.settings import multiple_of_8_at_least
 
 DEFAULT_MAX_CONCURRENCY = 30
+MAX_CONCURRENCY_ACCEPTED = "a whole number from 1 to 4096"
 EXTRA_ARGS_NAME = envs.EXTRA_ARGS
 CPU_KV_SPACE = "VLLM_CPU_KVCACHE_SPACE"
 _OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
@@ -250,6 +251,22 @@ def _shell_split(text: str | None) -> tuple[str, ...] | None:
     return tuple(words) if words is not None else None
 
 
+def _concurrency(text: str | None, raw: str | None) -> tuple[int, RefusedValue | None]:
+    """MAX_CONCURRENCY, read once for the whole worker: the jobs it takes at once (serving.intake's bound) and
+    the default MAX_NUM_SEQS. A value it cannot use is refused (the default stands in until the refusal is
+    answered): a worker that took 0 jobs, or thousands, would never serve or would hide them all from the
+    autoscaler."""
+    if text is None:
+        return DEFAULT_MAX_CONCURRENCY, None
+    try:
+        number = int(text)
+    except ValueError:
+        number = 0
+    if 1 <= number <= 4096:
+        return number, None
+    return DEFAULT_MAX_CONCURRENCY, RefusedValue("MAX_CONCURRENCY", raw if raw is not None else text, MAX_CONCURRENCY_ACCEPTED)
+
+
 def _utilization_refusal(value: float | None, text: str | None, variable: str | None) -> RefusedValue | None:
     """GPU_MEMORY_UTILIZATION validated once: a number above 0 and below what any card has free."""
     if text is None:
@@ -301,7 +318,7 @@ class LaunchProfile:
     tokenizer_revision: str | None
     hf_token: str | None = field(repr=False)
     hf_endpoint: str | None
-    max_concurrency: int
+    max_concurrency: int  # MAX_CONCURRENCY, the worker's one read of it (a value out of range: the default, and `refusal`)
     max_num_seqs: int | None  # as set (0 and unset are None): the worker then passes its own default
     max_num_batched_tokens: int | None  # as set ("8k" read as vLLM reads it); None: vLLM's default
     max_model_len: str | None  # as written: a number, "8k", "auto" or -1
@@ -344,7 +361,8 @@ class LaunchProfile:
     ) -> "LaunchProfile":
         values, sources, flags, flag_sources, warnings, refusal = fold(env)
         read = _Reader(values)
-        concurrency = read.whole("MAX_CONCURRENCY")
+        concurrency, concurrency_refusal = _concurrency(values.get("MAX_CONCURRENCY"), env.get("MAX_CONCURRENCY"))
+        refusal = refusal or concurrency_refusal
         utilization = read.number("GPU_MEMORY_UTILIZATION")
         kv_cache = explicit_kv_cache_size(env)
         if refusal is None and kv_cache is None:
@@ -370,7 +388,7 @@ class LaunchProfile:
             tokenizer_revision=values.get("TOKENIZER_REVISION"),
             hf_token=next((values[v] for v in TOKEN_VARIABLES if v in values), None),
             hf_endpoint=values.get("HF_ENDPOINT"),
-            max_concurrency=concurrency if concurrency is not None and concurrency > 0 else DEFAULT_MAX_CONCURRENCY,
+            max_concurrency=concurrency,
             max_num_seqs=read.whole("MAX_NUM_SEQS"),
             max_num_batched_tokens=read.whole("MAX_NUM_BATCHED_TOKENS", human=True),
             max_model_len=values.get("MAX_MODEL_LEN"),

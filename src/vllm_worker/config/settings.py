@@ -6,7 +6,9 @@ traceback: `load()` raises `SettingsError`, whose text is one sentence naming th
 variable, the value and what is accepted, and `main` answers every job with it.
 
 Variables that become `vllm serve` flags are `args_builder`'s business, not this
-module's.
+module's; so is MAX_CONCURRENCY, read once into `LaunchProfile.max_concurrency`
+(config/profile.py), since it also sets the default MAX_NUM_SEQS. Its line in
+DOCUMENTED stays here with the other worker variables of the README's table.
 """
 
 from __future__ import annotations
@@ -29,7 +31,6 @@ class SettingsError(RefusedValue):
 class Settings:
     """Everything the worker itself reads from the environment."""
 
-    max_concurrency: int = 30
     vllm_port: int = 8000
     vllm_host: str = "127.0.0.1"
     vllm_command: tuple[str, ...] = ("vllm", "serve")
@@ -180,7 +181,6 @@ def load(env: Mapping[str, str]) -> Settings:
     """Parse and validate the worker's variables; raise SettingsError on the first bad one."""
     seconds = "a number of seconds greater than 0"
     return Settings(
-        max_concurrency=_parse(env, "MAX_CONCURRENCY", 30, _int_in(1, 4096), "a whole number from 1 to 4096"),
         vllm_port=_parse(env, "VLLM_PORT", 8000, _int_in(1, 65535), "a port number from 1 to 65535"),
         vllm_command=_parse(
             env, "VLLM_COMMAND", ("vllm", "serve"), _command, "a command line such as 'vllm serve', with balanced quotes"
