@@ -71,11 +71,12 @@ def test_every_documented_variable_is_read() -> None:
             assert refusal is None
 
 
-@pytest.mark.parametrize("value", ["abc", "0", "-3", "4097", "2.5"])
+@pytest.mark.parametrize("value", ["abc", "0", "-3", "4097", "2.5", " many "])
 def test_a_max_concurrency_out_of_range_is_refused_by_the_profile_in_one_sentence(value: str) -> None:
     profile = LaunchProfile.parse({"MAX_CONCURRENCY": value})
     assert str(profile.refusal) == f"MAX_CONCURRENCY={value!r} is not valid: a whole number from 1 to 4096."
     assert profile.max_concurrency == 30  # until the refusal is answered, the default stands in
+    # Quoted as written, blanks and all, as every refused value is (config.env.RefusedValue).
 
 
 @pytest.mark.parametrize(("value", "read"), [(" 12 ", 12), ("1", 1), ("4096", 4096), ("", 30)])
