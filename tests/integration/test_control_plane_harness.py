@@ -10,8 +10,11 @@ batch take when concurrency is above one, authenticated pings, and a clean SIGTE
 from __future__ import annotations
 
 import json
+import socket
+import struct
 import sys
 import textwrap
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -157,3 +160,35 @@ def test_results_are_sent_as_json_text_the_platform_parses(running) -> None:
     job = cp.submit({"yield": [{"text": "héllo – 世界"}]})
 
     assert json.dumps(cp.result(job, timeout=60), ensure_ascii=False) == '{"output": [{"text": "héllo – 世界"}]}'
+
+
+def _raw_request(cp: ControlPlane, lines: list[str]) -> socket.socket:
+    host, port = cp.base_url.removeprefix("http://").split(":")
+    sock = socket.create_connection((host, int(port)))
+    sock.sendall(("\r\n".join([*lines, f"Authorization: {cp.api_key}", "", ""])).encode())
+    return sock
+
+
+def test_a_worker_that_hangs_up_mid_poll_leaves_no_traceback_and_a_real_fault_still_prints_one(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    # A stopped worker hangs up its open long-poll: the stand-in's late reply meets a reset connection.
+    with ControlPlane(poll_wait=1.0) as cp:
+        take = f"GET /v2/{cp.endpoint_id}/job-take/{cp.worker_id}?job_in_progress=0 HTTP/1.1"
+        sock = _raw_request(cp, [take, "Host: stand-in"])
+        deadline = time.monotonic() + 5
+        while not cp.requests("take") and time.monotonic() < deadline:
+            time.sleep(0.01)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close with a reset
+        sock.close()
+        while cp.hung_up == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert cp.hung_up == 1
+        assert "Traceback" not in capfd.readouterr().err
+        # A fault of the stand-in's own (here a request it cannot read) still shows its traceback.
+        post = f"POST /v2/{cp.endpoint_id}/job-done/{cp.worker_id}/j HTTP/1.1"
+        with _raw_request(cp, [post, "Host: stand-in", "Content-Length: many"]) as bad:
+            bad.settimeout(5)
+            assert bad.recv(1024) == b""  # the handler died: no reply, the connection closed
+    err = capfd.readouterr().err
+    assert "Traceback" in err and "ValueError" in err

@@ -26,6 +26,7 @@ refused with 401 and counted, so a test can assert the worker authenticated.
 from __future__ import annotations
 
 import json
+import sys
 import threading
 import time
 import uuid
@@ -63,6 +64,19 @@ class Request:
     at: float
 
 
+class _Server(ThreadingHTTPServer):
+    """A worker that is stopped or killed hangs up its open long-poll or post mid-reply, as the platform
+    sees workers go: that is no fault of the stand-in's, so no traceback (any other error still prints one)."""
+
+    hung_up = 0  # requests whose worker hung up before the reply was written
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if isinstance(sys.exc_info()[1], ConnectionError):  # BrokenPipeError, ConnectionResetError
+            self.hung_up += 1
+            return
+        super().handle_error(request, client_address)
+
+
 class ControlPlane:
     """Serves the SDK's job loop endpoints; the test side submits jobs and reads results.
 
@@ -96,7 +110,7 @@ class ControlPlane:
 
     def start(self) -> "ControlPlane":
         handler = _make_handler(self)
-        server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        server = _Server(("127.0.0.1", 0), handler)
         server.daemon_threads = True
         self._server = server
         self._thread = threading.Thread(target=server.serve_forever, name="control-plane", daemon=True)
@@ -120,6 +134,11 @@ class ControlPlane:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    @property
+    def hung_up(self) -> int:
+        """Requests whose worker hung up before their reply was written (no traceback is printed for them)."""
+        return self._server.hung_up if isinstance(self._server, _Server) else 0
 
     @property
     def base_url(self) -> str:
