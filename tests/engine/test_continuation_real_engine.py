@@ -5,11 +5,14 @@ tokens) run undisturbed once, then again with the engine's whole process group S
 eighth of the way through (frozen first, and only while no job has been answered), then again
 through a hang (SIGSTOP of the group, a short ENGINE_HANG_TIMEOUT). Each time all four complete
 whole: every token asked for, one stream per streamed job with no event twice (the completion's
-client asks for token ids, so every event's tokens are checked against the undisturbed run's) and
-usage adding up, each response naming the continuation. How many texts are identical to the
-undisturbed run's is printed (vLLM's CPU kernels are not batch-invariant: a different batch can flip
-a near tie). A streamed job with a fixed seed, in flight at the kill, is answered with the death and
-why it was not continued.
+client asks for token ids: the worker kept at least what the client held when the engine froze, and
+the stream holds every token asked for once) and usage adding up, each response naming the
+continuation. How many texts are identical to the undisturbed run's is printed, not required:
+vLLM's CPU kernels are not batch-invariant, and the steps' batches differ from run to run with the
+moments the jobs join, so even the tokens streamed before the kill can differ from the undisturbed
+run's (two clean-clone CI runs, 2026-12-06: token 427 of 785 and of 1,374 kept, both before the
+kill). A streamed job with a fixed seed, in flight at the kill, is answered with the death and why
+it was not continued.
 
 One worker serves all three rounds (one boot, two relaunches).
 """
@@ -110,9 +113,8 @@ def run_round(
     freeze: Callable[[dict[str, str]], bool] | None = None,
     tries: int = 3,
 ) -> dict[str, Any]:
-    """The four jobs and the seeded one at once (every round, the undisturbed one too: vLLM's CPU kernels are not
-    batch-invariant, and a clean-clone CI run's kill round, five jobs against an undisturbed four, streamed another
-    token at 427 of the 785 kept before the kill, 2026-12-06); `freeze` runs once the streamed completion's client
+    """The four jobs and the seeded one at once (every round, the undisturbed one too, so the texts printed as
+    identical come from the same jobs); `freeze` runs once the streamed completion's client
     holds an eighth of its tokens, the chat stream's client an event, and the worker every job.
 
     What the client holds trails what vLLM made, read in this process at once: unloaded by little, with
@@ -137,9 +139,12 @@ def run_round(
                 assert time.monotonic() < deadline, "no eighth of the streamed completion's tokens held, a job not taken, or no chat event"
                 time.sleep(0.02)
             late = not freeze(jobs)
+            held = streamed_ids(cp, jobs["completion-streamed"])  # the engine is frozen: what its client holds now
         results: dict[str, Any] = {}
         for name, job in jobs.items():
             results[name] = cp.result(job, timeout=engine_env.BOOT_TIMEOUT) if name not in JOBS else outcome(cp, name, job)
+        if freeze is not None:
+            results["completion-streamed"]["held_at_freeze"] = held
         if not late:
             return results
         print("a job was answered before the engine was frozen: the round runs again")
@@ -194,9 +199,10 @@ def check_whole(name: str, got: dict[str, Any], base: dict[str, Any]) -> bool:
     assert got["worker"] is not None and "continued" in got["worker"], f"{name}: the response names no continuation"
     if got["ids"] is not None:
         assert len(got["ids"]) == TOKENS, f"{name}: {len(got['ids'])} token ids streamed"
-        kept = got["worker"]["continued"]["tokens_kept"]
-        # The tokens before the cut are the undisturbed run's, once each; none is missing after it.
-        assert got["ids"][:kept] == base["ids"][:kept]
+        held, kept = got["held_at_freeze"], got["worker"]["continued"]["tokens_kept"]
+        # The worker kept at least what the client held when the engine froze, so no token the client had read is
+        # sent again; with the count above, none is missing or sent twice after the cut.
+        assert TOKENS / 8 <= held <= kept, f"{name}: {held} token ids held at the freeze, {kept} kept"
     return got["text"] == base["text"]
 
 
@@ -208,7 +214,10 @@ def report(label: str, results: dict[str, Any], base: dict[str, Any], worker: Wo
         lines = [line for line in worker.log().splitlines() if re.search(r"continued on the restarted|sent again whole|stopped", line)]
         raise AssertionError(f"{error}\nthe worker's log at the deaths:\n" + "\n".join(lines[-12:])) from error
     kept = {name: (results[name]["worker"] or {}).get("continued", {}).get("tokens_kept") for name in JOBS}
-    print(f"{label}: 4/4 complete; identical to the undisturbed run: {len(same)}/4 {same}; tokens kept {kept}")
+    print(
+        f"{label}: 4/4 complete; identical to the undisturbed run: {len(same)}/4 {same}; tokens kept {kept}; "
+        f"the streamed completion's client held {results['completion-streamed']['held_at_freeze']} at the freeze"
+    )
     return len(same)
 
 
