@@ -20,7 +20,7 @@ from vllm_worker.config import args_builder, flag_messages
 from vllm_worker.config import env as envs
 from vllm_worker.config.args_builder import ALIASES, FLAGS, LEGACY_ALIASES, LONG_ALIASES, OPTIONS, SHORT_OPTIONS
 from vllm_worker.config.env import RefusedValue, parse_human_int
-from vllm_worker.config.settings import multiple_of_8_at_least
+from vllm_worker.config.settings import SettingsError, multiple_of_8_at_least, read_setting, whole_in
 
 DEFAULT_MAX_CONCURRENCY = 30
 MAX_CONCURRENCY_ACCEPTED = "a whole number from 1 to 4096"
@@ -251,20 +251,15 @@ def _shell_split(text: str | None) -> tuple[str, ...] | None:
     return tuple(words) if words is not None else None
 
 
-def _concurrency(text: str | None, raw: str | None) -> tuple[int, RefusedValue | None]:
+def _concurrency(env: Mapping[str, str]) -> tuple[int, RefusedValue | None]:
     """MAX_CONCURRENCY, read once for the whole worker: the jobs it takes at once (serving.intake's bound) and
-    the default MAX_NUM_SEQS. A value it cannot use is refused (the default stands in until the refusal is
-    answered): a worker that took 0 jobs, or thousands, would never serve or would hide them all from the
-    autoscaler."""
-    if text is None:
-        return DEFAULT_MAX_CONCURRENCY, None
+    the default MAX_NUM_SEQS, by the settings' own rule. A value it cannot use is refused (the default stands in
+    until the refusal is answered): a worker that took 0 jobs, or thousands, would never serve or would hide
+    them all from the autoscaler."""
     try:
-        number = int(text)
-    except ValueError:
-        number = 0
-    if 1 <= number <= 4096:
-        return number, None
-    return DEFAULT_MAX_CONCURRENCY, RefusedValue("MAX_CONCURRENCY", raw if raw is not None else text, MAX_CONCURRENCY_ACCEPTED)
+        return read_setting(env, "MAX_CONCURRENCY", DEFAULT_MAX_CONCURRENCY, whole_in(1, 4096), MAX_CONCURRENCY_ACCEPTED), None
+    except SettingsError as refused:
+        return DEFAULT_MAX_CONCURRENCY, refused
 
 
 def _utilization_refusal(value: float | None, text: str | None, variable: str | None) -> RefusedValue | None:
@@ -361,7 +356,7 @@ class LaunchProfile:
     ) -> "LaunchProfile":
         values, sources, flags, flag_sources, warnings, refusal = fold(env)
         read = _Reader(values)
-        concurrency, concurrency_refusal = _concurrency(values.get("MAX_CONCURRENCY"), env.get("MAX_CONCURRENCY"))
+        concurrency, concurrency_refusal = _concurrency(env)
         refusal = refusal or concurrency_refusal
         utilization = read.number("GPU_MEMORY_UTILIZATION")
         kv_cache = explicit_kv_cache_size(env)

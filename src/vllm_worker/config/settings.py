@@ -114,7 +114,9 @@ def multiple_of_8_at_least(n: int) -> int:
     return max(8, math.ceil(n / 8) * 8)
 
 
-def _parse(env: Mapping[str, str], name: str, default: T, convert: Callable[[str], T], accepted: str) -> T:
+def read_setting(env: Mapping[str, str], name: str, default: T, convert: Callable[[str], T], accepted: str) -> T:
+    """One variable: `default` when unset or blank, else `convert` of its value; SettingsError (the value as
+    written) when that fails. The launch profile reads MAX_CONCURRENCY with it too."""
     raw = value(env, name)
     if raw is None:
         return default
@@ -124,7 +126,8 @@ def _parse(env: Mapping[str, str], name: str, default: T, convert: Callable[[str
         raise SettingsError(name, env[name], accepted) from None
 
 
-def _int_in(low: int, high: int | None = None) -> Callable[[str], int]:
+def whole_in(low: int, high: int | None = None) -> Callable[[str], int]:
+    """A converter for `read_setting`: a whole number from `low` to `high`."""
     def convert(raw: str) -> int:
         value = int(raw)
         if value < low or (high is not None and value > high):
@@ -181,30 +184,30 @@ def load(env: Mapping[str, str]) -> Settings:
     """Parse and validate the worker's variables; raise SettingsError on the first bad one."""
     seconds = "a number of seconds greater than 0"
     return Settings(
-        vllm_port=_parse(env, "VLLM_PORT", 8000, _int_in(1, 65535), "a port number from 1 to 65535"),
-        vllm_command=_parse(
+        vllm_port=read_setting(env, "VLLM_PORT", 8000, whole_in(1, 65535), "a port number from 1 to 65535"),
+        vllm_command=read_setting(
             env, "VLLM_COMMAND", ("vllm", "serve"), _command, "a command line such as 'vllm serve', with balanced quotes"
         ),
-        startup_timeout=_parse(env, "VLLM_STARTUP_TIMEOUT", 3600.0, _positive_seconds, seconds),
-        request_timeout=_parse(env, "REQUEST_TIMEOUT", 600.0, _positive_seconds, seconds),
-        ready_timeout=_parse(env, "WORKER_READY_TIMEOUT", 300.0, _positive_seconds, seconds),
-        stop_grace=_parse(env, "VLLM_STOP_GRACE", 10.0, _positive_seconds, seconds),
-        gpu_memory_wait_timeout=_parse(env, "GPU_MEMORY_WAIT_TIMEOUT", 300.0, _positive_seconds, seconds),
-        log_tail_lines=_parse(env, "ENGINE_LOG_TAIL_LINES", 400, _int_in(10, 100000), "a whole number from 10 to 100000"),
-        gpu_memory_wait=_parse(env, "GPU_MEMORY_WAIT", True, _bool, "true or false (also 1/0, yes/no, on/off)"),
-        engine_device=_parse(env, "ENGINE_DEVICE", "auto", _one_of(ENGINE_DEVICES), "one of " + ", ".join(ENGINE_DEVICES)),
-        default_max_tokens=_parse(
+        startup_timeout=read_setting(env, "VLLM_STARTUP_TIMEOUT", 3600.0, _positive_seconds, seconds),
+        request_timeout=read_setting(env, "REQUEST_TIMEOUT", 600.0, _positive_seconds, seconds),
+        ready_timeout=read_setting(env, "WORKER_READY_TIMEOUT", 300.0, _positive_seconds, seconds),
+        stop_grace=read_setting(env, "VLLM_STOP_GRACE", 10.0, _positive_seconds, seconds),
+        gpu_memory_wait_timeout=read_setting(env, "GPU_MEMORY_WAIT_TIMEOUT", 300.0, _positive_seconds, seconds),
+        log_tail_lines=read_setting(env, "ENGINE_LOG_TAIL_LINES", 400, whole_in(10, 100000), "a whole number from 10 to 100000"),
+        gpu_memory_wait=read_setting(env, "GPU_MEMORY_WAIT", True, _bool, "true or false (also 1/0, yes/no, on/off)"),
+        engine_device=read_setting(env, "ENGINE_DEVICE", "auto", _one_of(ENGINE_DEVICES), "one of " + ", ".join(ENGINE_DEVICES)),
+        default_max_tokens=read_setting(
             env,
             "DEFAULT_MAX_TOKENS",
             None,
-            _int_in(1),
+            whole_in(1),
             "a whole number greater than 0 (the max_tokens a prompt or messages job gets when it names none), "
             "or unset for up to the end of the context",
         ),
-        hang_timeout=_parse(env, "ENGINE_HANG_TIMEOUT", 60.0, _positive_seconds, seconds),
+        hang_timeout=read_setting(env, "ENGINE_HANG_TIMEOUT", 60.0, _positive_seconds, seconds),
         vllm_command_set=value(env, "VLLM_COMMAND") is not None,
-        base_path=_parse(env, "BASE_PATH", "/runpod-volume", _absolute_path, "an absolute path such as /runpod-volume"),
-        drain_timeout=_parse(env, "DRAIN_TIMEOUT", 3.0, _seconds_or_zero, "a number of seconds, 0 or more"),
-        refresh_limit=_parse(env, "WORKER_REFRESH_LIMIT", 3, _int_in(0, 1000), "a whole number from 0 to 1000"),
-        adaptive_concurrency=_parse(env, "ADAPTIVE_CONCURRENCY", True, _bool, "true or false (also 1/0, yes/no, on/off)"),
+        base_path=read_setting(env, "BASE_PATH", "/runpod-volume", _absolute_path, "an absolute path such as /runpod-volume"),
+        drain_timeout=read_setting(env, "DRAIN_TIMEOUT", 3.0, _seconds_or_zero, "a number of seconds, 0 or more"),
+        refresh_limit=read_setting(env, "WORKER_REFRESH_LIMIT", 3, whole_in(0, 1000), "a whole number from 0 to 1000"),
+        adaptive_concurrency=read_setting(env, "ADAPTIVE_CONCURRENCY", True, _bool, "true or false (also 1/0, yes/no, on/off)"),
     )
