@@ -103,7 +103,7 @@ class ControlPlane:
         self._stops: list[str] = []
         self._requests: list[Request] = []
         self._closing = False
-        self._server: ThreadingHTTPServer | None = None
+        self._server: _Server | None = None
         self._thread: threading.Thread | None = None
 
     # ------------------------------------------------------------------ lifecycle
@@ -138,7 +138,7 @@ class ControlPlane:
     @property
     def hung_up(self) -> int:
         """Requests whose worker hung up before their reply was written (no traceback is printed for them)."""
-        return self._server.hung_up if isinstance(self._server, _Server) else 0
+        return self._server.hung_up if self._server is not None else 0
 
     @property
     def base_url(self) -> str:
