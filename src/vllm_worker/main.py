@@ -30,7 +30,7 @@ from vllm_worker import capacity
 from vllm_worker.config import args_builder, command
 from vllm_worker.config import settings as settings_mod
 from vllm_worker.config.profile import DEFAULT_MAX_CONCURRENCY, LaunchProfile
-from vllm_worker.engine import compile_cache, gpu_memory, machine_checks, orphans
+from vllm_worker.engine import compile_cache, gpu_memory, machine_checks
 from vllm_worker.engine.download_progress import DownloadPlan, expected_bytes, repo_folder
 from vllm_worker.engine.launcher import Launcher, MemoryWait, StartupOutcome, Supervisor, start_engine
 from vllm_worker.engine.monitor import EngineMonitor
@@ -45,7 +45,6 @@ def run(env: Mapping[str, str] | None = None) -> int:
     """Start the worker; returns the process exit code."""
     env = dict(os.environ if env is None else env)
     _prepare_worker_process()
-    orphans.start_reaper()  # PID 1 of a container: wait for the engine's re-parented children (engine/orphans.py)
     # Importing the runpod SDK takes a while; do it while the worker starts and the engine boots.
     sdk_import = threading.Thread(target=importlib.import_module, args=("runpod",), daemon=True)
     sdk_import.start()
