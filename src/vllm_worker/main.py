@@ -277,7 +277,6 @@ def _startup(
     plan = capacity.startup_plan(
         profile,
         total,
-        profile.max_concurrency,
         device_name=devices[0].name if devices else None,
         platform="cpu" if on_cpu else "cuda",
         safetensors_parameters=result.model_info_summary.safetensors_parameters if result.model_info_summary else None,
@@ -307,7 +306,7 @@ def _startup(
     outcome = start_engine(profile, settings, supervisor, waiter, plan.first_steps, total, launcher=launcher)
     if outcome.engine is not None and outcome.climb is not None:
         outcome.capacity, outcome.capacity_plan = capacity.ready_engine_report(
-            plan, outcome.climb.profile, outcome.engine.tail(), profile.max_concurrency
+            plan, outcome.climb.profile, outcome.engine.tail()
         )
     outcome.model_cache = cached.status() if cached else None
     return outcome

@@ -184,7 +184,7 @@ def planned_overrides(env: Mapping[str, str], diagnosis: startup_errors.Diagnosi
         for name in [k for k, v in launches[-1].items() if v is None]:
             launch_env.pop(name, None)
         attempts.append(ladder.Attempt(env=launch_env, diagnosis=diagnosis))
-        step = ladder.next_launch(env, attempts, int(env["MAX_CONCURRENCY"]))
+        step = ladder.next_launch(env, attempts)
         if isinstance(step, ladder.Stop):
             return launches
         launches.append(dict(step.overrides))

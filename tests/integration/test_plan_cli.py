@@ -184,11 +184,11 @@ def test_console_script(hub: HubStub, tmp_path: Path) -> None:
 
 def test_startup_plan_reuses_the_preflight_counts(hub: HubStub) -> None:
     env = {"MODEL_NAME": LLAMA, "HF_ENDPOINT": hub.endpoint, "MAX_MODEL_LEN": "8192"}
-    sp = capacity.startup_plan(LaunchProfile.parse(env), 24 * GiB, 30, safetensors_parameters=LLAMA_31_8B_PARAMS)
+    sp = capacity.startup_plan(LaunchProfile.parse(env), 24 * GiB, safetensors_parameters=LLAMA_31_8B_PARAMS)
     assert sp.status == "as_configured", sp.log_line
     assert [r.path for r in model_requests(hub)] == [f"/{LLAMA}/resolve/main/config.json"]  # no metadata call
     hub.reset_requests()
-    again = capacity.startup_plan(LaunchProfile.parse(env), 24 * GiB, 30)
+    again = capacity.startup_plan(LaunchProfile.parse(env), 24 * GiB)
     assert again.predicted is not None and sp.predicted is not None
     assert again.predicted.kv_cache_tokens == sp.predicted.kv_cache_tokens
     assert len(model_requests(hub)) == 2
@@ -197,7 +197,7 @@ def test_startup_plan_reuses_the_preflight_counts(hub: HubStub) -> None:
 def test_startup_plan_never_blocks_the_boot(hub: HubStub) -> None:
     hub.hang(times=None)  # the Hub accepts config.json's request and never answers it
     env = {"MODEL_NAME": LLAMA, "HF_ENDPOINT": hub.endpoint, "HF_TOKEN": TOKEN}
-    sp = capacity.startup_plan(LaunchProfile.parse(env), 24 * GiB, 30, safetensors_parameters=LLAMA_31_8B_PARAMS, timeout=0.5)
+    sp = capacity.startup_plan(LaunchProfile.parse(env), 24 * GiB, safetensors_parameters=LLAMA_31_8B_PARAMS, timeout=0.5)
     # It returned although the request it made is still unanswered: it gave up on its own timeout.
     assert [r.path for r in model_requests(hub)] == [f"/{LLAMA}/resolve/main/config.json"]
     assert sp.status == "unknown" and sp.overrides == {} and sp.fatal_message is None
@@ -206,5 +206,5 @@ def test_startup_plan_never_blocks_the_boot(hub: HubStub) -> None:
 
 def test_startup_plan_for_a_gated_model_without_access_is_unknown(hub: HubStub) -> None:
     env = {"MODEL_NAME": "org/gated", "HF_ENDPOINT": hub.endpoint}
-    sp = capacity.startup_plan(LaunchProfile.parse(env), 24 * GiB, 30)
+    sp = capacity.startup_plan(LaunchProfile.parse(env), 24 * GiB)
     assert sp.status == "unknown"  # the pre-flight owns that answer; the plan stays out of the way

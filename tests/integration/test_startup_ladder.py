@@ -85,14 +85,14 @@ def changed(before: Sequence[str], after: Sequence[str]) -> dict[str, tuple[str 
 
 
 def expected_answer(
-    texts: Sequence[str], base_env: Mapping[str, str], max_concurrency: int = 30
+    texts: Sequence[str], base_env: Mapping[str, str]
 ) -> tuple[str, list[ladder.Relaunch]]:
     """The sentence the worker must answer with after launches failing with `texts`, and the relaunches.
 
     Replays what the worker does, with the same pure functions: diagnose each failure
     with what was tried so far, ask the ladder for the next launch, apply its overrides.
     """
-    climb = ladder.Ladder(LaunchProfile.parse(base_env), max_concurrency)
+    climb = ladder.Ladder(LaunchProfile.parse(base_env))
     profile = climb.start_on(None)
     relaunches: list[ladder.Relaunch] = []
     tried: list[Tried] = []

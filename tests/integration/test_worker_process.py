@@ -310,7 +310,7 @@ def test_memory_held_by_another_process_is_retried_once_then_explained(cp: Contr
     text, seen = vllm_texts.FREE_MEMORY_LESS_THAN_DESIRED, dict(worker.env)
     first = startup_errors.diagnose(Failure.of(text, MODEL, env=seen, exit_code=1))
     assert first is not None and first.kind == "memory_held"
-    relaunch = recovery.next_launch(seen, [recovery.Attempt(env=seen, diagnosis=first)], 30)
+    relaunch = recovery.next_launch(seen, [recovery.Attempt(env=seen, diagnosis=first)])
     assert isinstance(relaunch, recovery.Relaunch)
     last = startup_errors.diagnose(Failure.of(text, MODEL, env=seen, exit_code=1, tried=[relaunch.tried]))
     # Then why no fresh worker was asked for: this machine has no network volume to count them on

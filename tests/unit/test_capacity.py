@@ -378,12 +378,12 @@ def test_knobs_from_env_with_extra_args() -> None:
     k = knobs(
         {"MAX_MODEL_LEN": "32k", "KV_CACHE_MEMORY_BYTES": "1G", "MAX_NUM_BATCHED_TOKENS": "0",
          "VLLM_EXTRA_ARGS": "--max-num-seqs 64 --enforce-eager -tp 2 --kv_cache_dtype=fp8"},
-        max_concurrency=30,
+        worker_seqs=True,
     )
     assert (k.max_model_len, k.kv_cache_memory_bytes, k.max_num_batched_tokens) == (32000, GiB, None)
     assert (k.max_num_seqs, k.enforce_eager, k.tensor_parallel_size, k.kv_cache_dtype) == (64, True, 2, "fp8")
     assert knobs({"MAX_MODEL_LEN": "auto"}).max_model_len == -1
-    assert knobs({}, max_concurrency=30).max_num_seqs == 32  # the worker's default, a multiple of 8
+    assert knobs({}, worker_seqs=True).max_num_seqs == 32  # the worker's default, a multiple of 8
     with pytest.raises(cap.CapacityError, match="GPU_MEMORY_UTILIZATION='high'"):
         knobs({"GPU_MEMORY_UTILIZATION": "high"})
 
@@ -447,7 +447,7 @@ def test_plan_that_does_not_fit_offers_changes_that_do() -> None:
 
 def test_gpu_budget_terms_add_up() -> None:
     f = facts(LLAMA_31_8B, LLAMA_31_8B_PARAMS)
-    p = cap.plan(f, RTX_4090, knobs({"MAX_MODEL_LEN": "8192"}, max_concurrency=30))
+    p = cap.plan(f, RTX_4090, knobs({"MAX_MODEL_LEN": "8192"}, worker_seqs=True))
     assert p.requested_bytes == -(-RTX_4090 * 92 // 100)
     # The worker cannot know whether torch.compile's cache is warm: a cold compile is counted
     # at the conservative end of the band only, not in the central prediction.
@@ -456,16 +456,16 @@ def test_gpu_budget_terms_add_up() -> None:
     assert p.num_blocks == p.kv_cache_bytes // (2 * MiB)
     assert p.verdict == "fits" and p.max_model_len_fits < f.max_context
     assert 0 < p.margin_bytes < 1 * GiB
-    cold = cap.plan(f, RTX_4090, replace(knobs({"MAX_MODEL_LEN": "8192"}, max_concurrency=30), compile_cache="cold"))
+    cold = cap.plan(f, RTX_4090, replace(knobs({"MAX_MODEL_LEN": "8192"}, worker_seqs=True), compile_cache="cold"))
     assert cold.kv_cache_bytes == p.kv_cache_bytes - p.compile_bytes
-    warm = cap.plan(f, RTX_4090, replace(knobs({"MAX_MODEL_LEN": "8192"}, max_concurrency=30), compile_cache="warm"))
+    warm = cap.plan(f, RTX_4090, replace(knobs({"MAX_MODEL_LEN": "8192"}, worker_seqs=True), compile_cache="warm"))
     assert warm.kv_cache_bytes == p.kv_cache_bytes and warm.compile_bytes == 0
     assert warm.max_model_len_low > p.max_model_len_low  # no first-boot allowance at the conservative end
 
 
 def test_gpu_terms_follow_vllm_032s_profile_run() -> None:
     f = facts(LLAMA_31_8B, LLAMA_31_8B_PARAMS)
-    k = knobs({"MAX_MODEL_LEN": "8192"}, max_concurrency=30)  # MAX_NUM_SEQS=32, 2048 batched tokens (< 70 GiB)
+    k = knobs({"MAX_MODEL_LEN": "8192"}, worker_seqs=True)  # MAX_NUM_SEQS=32, 2048 batched tokens (< 70 GiB)
     # Forward pass: gate_up + SiluAndMul (3 x 14336) and four hidden-sized tensors per token, in bf16.
     assert memory_budget.forward_bytes_per_token(f, k) == (3 * 14336 + 4 * 4096) * 2
     # V2 runner: the sampler warm-up samples from 32 rows of float32 logits; the forward pass is the peak.
@@ -511,7 +511,7 @@ def test_older_vllm_versions_budget_differently() -> None:
 
 def test_one_longest_context_with_its_band_and_a_verdict_inside_it() -> None:
     f = facts(LLAMA_31_8B, LLAMA_31_8B_PARAMS)
-    base = cap.plan(f, RTX_4090, knobs({}, max_concurrency=30), max_concurrency=30)
+    base = cap.plan(f, RTX_4090, knobs({}, worker_seqs=True), max_concurrency=30)
     assert base.verdict == "does_not_fit"  # the full 131,072-token context
     low, central, high = base.max_model_len_low, base.max_model_len_fits, base.max_model_len_high
     assert 0 < low < central < high < f.max_context and base.longest_context == low
@@ -520,12 +520,12 @@ def test_one_longest_context_with_its_band_and_a_verdict_inside_it() -> None:
     assert base.to_json()["max_model_len"] == low and base.to_json()["max_model_len_high"] == high
 
     def verdict(length: int) -> str:
-        return cap.plan(f, RTX_4090, knobs({"MAX_MODEL_LEN": str(length)}, max_concurrency=30)).verdict
+        return cap.plan(f, RTX_4090, knobs({"MAX_MODEL_LEN": str(length)}, worker_seqs=True)).verdict
 
     assert verdict(low) == "fits"
     assert verdict((central + high) // 2) == "too_close_to_call"
     assert verdict(high + 4096) == "does_not_fit"
-    table = plan_report.render_table(cap.plan(f, RTX_4090, knobs({"MAX_MODEL_LEN": str(central)}, max_concurrency=30)), f,
+    table = plan_report.render_table(cap.plan(f, RTX_4090, knobs({"MAX_MODEL_LEN": str(central)}, worker_seqs=True)), f,
                              "RTX 4090", 30)
     assert "too close to call" in table
 
@@ -535,7 +535,7 @@ def test_utilization_beyond_the_free_memory_is_a_problem() -> None:
     p = cap.plan(f, RTX_4090, knobs({"GPU_MEMORY_UTILIZATION": "0.999", "MAX_MODEL_LEN": "4096"}))
     assert p.verdict == "does_not_fit" and "once CUDA is initialised" in p.problems[0]
     assert str(p.changes[0]) == "set GPU_MEMORY_UTILIZATION=0.95 (leaves room for the CUDA context; now 0.999)"
-    d = first_launch.fit_profile(f, RTX_4090, LaunchProfile.parse({"MODEL_NAME": "m", "GPU_MEMORY_UTILIZATION": "0.999", "MAX_MODEL_LEN": "4096"}), 30)
+    d = first_launch.fit_profile(f, RTX_4090, LaunchProfile.parse({"MODEL_NAME": "m", "GPU_MEMORY_UTILIZATION": "0.999", "MAX_MODEL_LEN": "4096"}))
     assert d.status == "cannot_fit" and "set GPU_MEMORY_UTILIZATION=0.95" in (d.fatal_message or "")
     # Within the estimate's error, vLLM may well start: no verdict from the plan.
     assert cap.plan(f, RTX_4090, knobs({"GPU_MEMORY_UTILIZATION": "0.985", "MAX_MODEL_LEN": "4096"})).problems == ()
@@ -551,7 +551,7 @@ def test_max_model_len_above_the_model_is_left_to_vllm() -> None:
 
 def test_auto_max_model_len_fits_the_memory() -> None:
     f = facts(LLAMA_31_8B, LLAMA_31_8B_PARAMS)
-    p = cap.plan(f, RTX_4090, knobs({"MAX_MODEL_LEN": "auto"}, max_concurrency=30))
+    p = cap.plan(f, RTX_4090, knobs({"MAX_MODEL_LEN": "auto"}, worker_seqs=True))
     assert p.verdict == "fits" and p.max_model_len == p.max_model_len_fits < 131072
 
 
@@ -560,13 +560,13 @@ def test_auto_max_model_len_fits_the_memory() -> None:
 
 def test_fits_as_configured() -> None:
     f = facts(LLAMA_31_8B, LLAMA_31_8B_PARAMS)
-    d = first_launch.fit_profile(f, RTX_4090, LaunchProfile.parse({"MODEL_NAME": "m", "MAX_MODEL_LEN": "8192"}), 30)
+    d = first_launch.fit_profile(f, RTX_4090, LaunchProfile.parse({"MODEL_NAME": "m", "MAX_MODEL_LEN": "8192"}))
     assert (d.status, d.overrides, d.fatal_message, d.relaunch) == ("as_configured", {}, None, None)
 
 
 def test_unset_context_that_does_not_fit_launches_with_auto() -> None:
     f = facts(LLAMA_31_8B, LLAMA_31_8B_PARAMS)
-    d = first_launch.fit_profile(f, RTX_4090, LaunchProfile.parse({"MODEL_NAME": "m"}), 30)
+    d = first_launch.fit_profile(f, RTX_4090, LaunchProfile.parse({"MODEL_NAME": "m"}))
     assert d.status == "profile" and d.relaunch.profile == "context_auto"
     assert d.overrides == {"MAX_MODEL_LEN": "auto"}
     assert "MAX_MODEL_LEN is not set" in d.warnings[0]
@@ -575,7 +575,7 @@ def test_unset_context_that_does_not_fit_launches_with_auto() -> None:
 
 def test_explicit_context_is_never_lowered() -> None:
     f = facts(LLAMA_31_8B, LLAMA_31_8B_PARAMS)
-    d = first_launch.fit_profile(f, RTX_4090, LaunchProfile.parse({"MODEL_NAME": "m", "MAX_MODEL_LEN": "131072"}), 30)
+    d = first_launch.fit_profile(f, RTX_4090, LaunchProfile.parse({"MODEL_NAME": "m", "MAX_MODEL_LEN": "131072"}))
     assert d.status == "cannot_fit" and d.overrides == {}
     message = d.fatal_message or ""
     assert message.startswith("MODEL_NAME='org/model' does not fit on this 23.5 GiB GPU at MAX_MODEL_LEN=131072")
@@ -585,7 +585,7 @@ def test_explicit_context_is_never_lowered() -> None:
 
 def test_weights_alone_exceed_the_card() -> None:
     f = facts(LLAMA_31_70B, LLAMA_31_70B_PARAMS)
-    d = first_launch.fit_profile(f, RTX_4090, LaunchProfile.parse({"MODEL_NAME": "m"}), 30)
+    d = first_launch.fit_profile(f, RTX_4090, LaunchProfile.parse({"MODEL_NAME": "m"}))
     assert d.status == "cannot_fit"
     message = d.fatal_message or ""
     assert "its weights alone take 131.4 GiB per GPU of the 21.6 GiB vLLM may use" in message
@@ -601,7 +601,7 @@ def _big_vocab_model() -> cap.ModelFacts:
 
 def _context_beyond(f: cap.ModelFacts, total: int, loose: dict[str, str]) -> int:
     """A MAX_MODEL_LEN just past what `loose` holds even with its error margin (scenario set-up)."""
-    a = cap.plan(f, total, knobs(loose, max_concurrency=30))
+    a = cap.plan(f, total, knobs(loose, worker_seqs=True))
     return (a.kv_cache_bytes + a.margin_bytes) // kv_cache.kv_bytes_per_token(f) + 256
 
 
@@ -609,7 +609,7 @@ def test_explicit_max_num_seqs_is_lowered_loudly() -> None:
     f = _big_vocab_model()
     length = _context_beyond(f, RTX_4090, {"MAX_NUM_SEQS": "256"})
     env = {"MODEL_NAME": "m", "MAX_NUM_SEQS": "256", "MAX_MODEL_LEN": str(length)}
-    d = first_launch.fit_profile(f, RTX_4090, LaunchProfile.parse(env), 30)
+    d = first_launch.fit_profile(f, RTX_4090, LaunchProfile.parse(env))
     assert d.configured is not None and d.configured.verdict == "does_not_fit"
     assert d.status == "profile" and d.relaunch.profile == "max_num_seqs=32"
     assert d.overrides == {"MAX_NUM_SEQS": "32"}
@@ -622,7 +622,7 @@ def test_explicit_eager_false_is_overridden_with_the_ladder_warning() -> None:
     loose = {"ENFORCE_EAGER": "false", "MAX_NUM_BATCHED_TOKENS": "8192", "VLLM_EXTRA_ARGS": "--max-num-seqs 256"}
     length = _context_beyond(f, H100, loose)
     env = {"MODEL_NAME": "m", "MAX_MODEL_LEN": str(length), **loose}
-    d = first_launch.fit_profile(f, H100, LaunchProfile.parse(env), 30)
+    d = first_launch.fit_profile(f, H100, LaunchProfile.parse(env))
     assert d.configured is not None and d.configured.verdict == "does_not_fit"
     assert d.status == "profile" and d.relaunch.profile == "eager"
     assert d.overrides == {"ENFORCE_EAGER": "true"}
@@ -633,7 +633,7 @@ def test_explicit_eager_false_is_overridden_with_the_ladder_warning() -> None:
 
 
 def test_startup_plan_with_preflight_counts_and_config() -> None:
-    sp = cap.startup_plan(LaunchProfile.parse({"MODEL_NAME": "meta-llama/Llama-3.1-8B-Instruct", "MAX_MODEL_LEN": "8192"}), RTX_4090, 30,
+    sp = cap.startup_plan(LaunchProfile.parse({"MODEL_NAME": "meta-llama/Llama-3.1-8B-Instruct", "MAX_MODEL_LEN": "8192"}), RTX_4090,
                           config=LLAMA_31_8B, safetensors_parameters=LLAMA_31_8B_PARAMS)
     assert sp.status == "as_configured" and sp.fatal_message is None and sp.overrides == {}
     assert sp.log_line.startswith("capacity plan (fits):")
@@ -647,8 +647,8 @@ def test_startup_plan_with_preflight_counts_and_config() -> None:
 
 def test_a_start_that_will_find_the_compile_caches_warm_plans_without_the_cold_compile() -> None:
     env = LaunchProfile.parse({"MODEL_NAME": "meta-llama/Llama-3.1-8B-Instruct", "MAX_MODEL_LEN": "8192"})
-    unknown = cap.startup_plan(env, RTX_4090, 30, config=LLAMA_31_8B, safetensors_parameters=LLAMA_31_8B_PARAMS)
-    warm = cap.startup_plan(env, RTX_4090, 30, config=LLAMA_31_8B, safetensors_parameters=LLAMA_31_8B_PARAMS,
+    unknown = cap.startup_plan(env, RTX_4090, config=LLAMA_31_8B, safetensors_parameters=LLAMA_31_8B_PARAMS)
+    warm = cap.startup_plan(env, RTX_4090, config=LLAMA_31_8B, safetensors_parameters=LLAMA_31_8B_PARAMS,
                             compile_cache="warm")
     assert unknown.predicted is not None and warm.predicted is not None
     assert unknown.predicted.compile_bytes > 0 and warm.predicted.compile_bytes == 0
@@ -656,29 +656,29 @@ def test_a_start_that_will_find_the_compile_caches_warm_plans_without_the_cold_c
 
 
 def test_startup_plan_is_unknown_when_facts_cannot_be_read(tmp_path: Path) -> None:
-    sp = cap.startup_plan(LaunchProfile.parse({"MODEL_NAME": str(tmp_path / "missing")}), RTX_4090, 30)
+    sp = cap.startup_plan(LaunchProfile.parse({"MODEL_NAME": str(tmp_path / "missing")}), RTX_4090)
     assert sp.status == "unknown" and sp.overrides == {} and sp.fatal_message is None
     assert "capacity plan unavailable" in sp.log_line and "launching as configured" in sp.log_line
-    assert cap.startup_plan(LaunchProfile.parse({}), RTX_4090, 30).status == "unknown"
-    unmodeled = cap.startup_plan(LaunchProfile.parse({"MODEL_NAME": "m"}), RTX_4090, 30, config={**LLAMA_31_8B, "model_type": "qwen3_next"})
+    assert cap.startup_plan(LaunchProfile.parse({}), RTX_4090).status == "unknown"
+    unmodeled = cap.startup_plan(LaunchProfile.parse({"MODEL_NAME": "m"}), RTX_4090, config={**LLAMA_31_8B, "model_type": "qwen3_next"})
     assert unmodeled.status == "unknown"
 
 
 def test_startup_plan_without_a_gpu_figure_only_logs_facts() -> None:
-    sp = cap.startup_plan(LaunchProfile.parse({"MODEL_NAME": "m"}), None, 30, config=LLAMA_31_8B, safetensors_parameters=LLAMA_31_8B_PARAMS)
+    sp = cap.startup_plan(LaunchProfile.parse({"MODEL_NAME": "m"}), None, config=LLAMA_31_8B, safetensors_parameters=LLAMA_31_8B_PARAMS)
     assert sp.status == "unknown" and "128.0 KiB per token" in sp.log_line
 
 
 def test_startup_plan_on_cpu_with_fixed_kv_memory_is_exact() -> None:
     env = {"MODEL_NAME": "m", "KV_CACHE_MEMORY_BYTES": str(64 * MiB), "MAX_MODEL_LEN": "512"}
-    sp = cap.startup_plan(LaunchProfile.parse(env), None, 30, platform="cpu", config=LLAMA_31_8B)
+    sp = cap.startup_plan(LaunchProfile.parse(env), None, platform="cpu", config=LLAMA_31_8B)
     assert sp.status == "as_configured" and sp.predicted is not None
     # CPU block 128: 32 layers x 128 x 8 x 2 x 128 x 2 bytes = 16 MiB per block -> 4 blocks, 1 request of 512
     assert (sp.predicted.num_blocks, sp.predicted.kv_cache_tokens) == (4, 512)
 
 
 def test_startup_plan_cannot_fit_answers_with_the_message() -> None:
-    sp = cap.startup_plan(LaunchProfile.parse({"MODEL_NAME": "m"}), RTX_4090, 30, config=LLAMA_31_70B,
+    sp = cap.startup_plan(LaunchProfile.parse({"MODEL_NAME": "m"}), RTX_4090, config=LLAMA_31_70B,
                           safetensors_parameters=LLAMA_31_70B_PARAMS)
     assert sp.status == "cannot_fit" and sp.fatal_message and "weights alone" in sp.fatal_message
     assert "not launching" in sp.log_line
@@ -715,7 +715,7 @@ def test_parse_cache_config_metric() -> None:
 
 def test_capacity_report_compares_and_warns() -> None:
     f = facts(LLAMA_31_8B, LLAMA_31_8B_PARAMS)
-    predicted = cap.plan(f, RTX_4090, knobs({"MAX_MODEL_LEN": "8192"}, max_concurrency=30))
+    predicted = cap.plan(f, RTX_4090, knobs({"MAX_MODEL_LEN": "8192"}, worker_seqs=True))
     actual = cap.EngineCapacity(kv_tokens=predicted.kv_cache_tokens - 1000, max_concurrency=5.92, max_model_len=8192, pool="GPU")
     report = cap.capacity_report(predicted, actual, 30)
     assert report.status["kv_cache_tokens"] == actual.kv_tokens
@@ -798,7 +798,7 @@ def test_card_lookup() -> None:
 
 def test_render_table_names_the_smallest_change() -> None:
     f = facts(LLAMA_31_8B, LLAMA_31_8B_PARAMS)
-    p = cap.plan(f, RTX_4090, knobs({}, max_concurrency=30), max_concurrency=30)
+    p = cap.plan(f, RTX_4090, knobs({}, worker_seqs=True), max_concurrency=30)
     table = plan_report.render_table(p, f, "RTX 4090", 30)
     assert "DOES NOT FIT" in table
     assert "smallest change  --max-model-len" in table

@@ -341,12 +341,12 @@ def test_the_status_job_shows_the_limit_the_pace_why_and_the_slots_left_to_the_p
 def test_the_engines_max_num_seqs_is_the_profiles_or_unknown_where_a_config_file_may_set_it() -> None:
     from vllm_worker.config.profile import LaunchProfile
 
-    assert LaunchProfile.parse({"MAX_NUM_SEQS": "8"}).known_max_num_seqs(30) == 8
-    assert LaunchProfile.parse({"VLLM_EXTRA_ARGS": "--max-num-seqs 6"}).known_max_num_seqs(30) == 6
-    assert LaunchProfile.parse({}).known_max_num_seqs(30) == 32  # the worker's default: a multiple of 8 >= 30
-    assert LaunchProfile.parse({}).known_max_num_seqs(4) == 8  # of the MAX_CONCURRENCY given, not the profile's own
-    assert LaunchProfile.parse({"VLLM_CONFIG_FILE": "/c.yaml"}).known_max_num_seqs(30) is None
-    assert LaunchProfile.parse({"VLLM_CONFIG_FILE": "/c.yaml", "MAX_NUM_SEQS": "4"}).known_max_num_seqs(30) == 4
+    assert LaunchProfile.parse({"MAX_NUM_SEQS": "8"}).known_max_num_seqs() == 8
+    assert LaunchProfile.parse({"VLLM_EXTRA_ARGS": "--max-num-seqs 6"}).known_max_num_seqs() == 6
+    assert LaunchProfile.parse({}).known_max_num_seqs() == 32  # the worker's default: a multiple of 8 >= 30
+    assert LaunchProfile.parse({"MAX_CONCURRENCY": "4"}).known_max_num_seqs() == 8  # of the profile's MAX_CONCURRENCY
+    assert LaunchProfile.parse({"VLLM_CONFIG_FILE": "/c.yaml"}).known_max_num_seqs() is None
+    assert LaunchProfile.parse({"VLLM_CONFIG_FILE": "/c.yaml", "MAX_NUM_SEQS": "4"}).known_max_num_seqs() == 4
 
 
 def test_below_max_concurrency_max_num_seqs_and_one_more_bound_what_is_taken_and_the_reason_says_so() -> None:

@@ -19,7 +19,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from vllm_worker.config.profile import LaunchProfile
+from vllm_worker.config.profile import LaunchProfile, ProfileChange
 from vllm_worker.diagnosis.verdict import TRANSIENT_KINDS, Diagnosis
 from vllm_worker.engine.ladder import LARGEST_DEFAULT_BATCH_FROM_BYTES, MAX_LAUNCHES, Ladder, Relaunch, Stop
 
@@ -56,10 +56,10 @@ def diagnoses(draw: st.DrawFn) -> Diagnosis | None:
     return Diagnosis(kind=kind, message=f"{kind} happened", evidence="generated", detail=detail, facts=facts)
 
 
-def plan_steps(base: LaunchProfile, concurrency: int, device: int | None, walk: int, context: bool) -> list[Relaunch]:
+def plan_steps(base: LaunchProfile, device: int | None, walk: int, context: bool) -> list[Relaunch]:
     """The steps the capacity plan would start on: its throwaway ladder walked `walk` memory steps."""
     shortfall = Diagnosis(kind="memory_shortfall", message="predicted", evidence="capacity plan", detail="kv_too_small")
-    climb = Ladder(base, concurrency, device_total_bytes=device)
+    climb = Ladder(base, device_total_bytes=device)
     launch = base
     for _ in range(walk):
         if isinstance(climb.after_failure(launch, shortfall), Stop):
@@ -71,7 +71,7 @@ def plan_steps(base: LaunchProfile, concurrency: int, device: int | None, walk: 
 
         overrides: dict[str, str | None] = {**(steps[-1].overrides if steps else {}), "MAX_MODEL_LEN": "auto"}
         steps.append(Relaunch(overrides, "context_auto", "plan", Tried({"MAX_MODEL_LEN": "auto"}, how="first_launch"),
-                              step="context"))
+                              step="context", change=ProfileChange(context_auto=True)))
     return steps
 
 
@@ -100,9 +100,8 @@ def test_the_ladder_keeps_its_promises(
     memory_wait: bool,
 ) -> None:
     base = LaunchProfile.parse(env)
-    concurrency = base.max_concurrency
-    climb = Ladder(base, concurrency, device_total_bytes=device, memory_wait=memory_wait)
-    profile = climb.start_on(plan_steps(base, concurrency, device, walk, context))
+    climb = Ladder(base, device_total_bytes=device, memory_wait=memory_wait)
+    profile = climb.start_on(plan_steps(base, device, walk, context))
     launched: list[LaunchProfile] = []
     answers: list[Any] = []
     for diagnosis in failures:
@@ -118,7 +117,7 @@ def test_the_ladder_keeps_its_promises(
         assert len(launched) < MAX_LAUNCHES
         if diagnosis.kind == "memory_shortfall":
             # No more memory than the launch before: fewer or as many sequences, batched tokens and context.
-            assert profile.effective_max_num_seqs(concurrency) <= before.effective_max_num_seqs(concurrency)
+            assert profile.effective_max_num_seqs() <= before.effective_max_num_seqs()
             assert batched_tokens(profile, device) <= batched_tokens(before, device)
             assert profile.max_model_len == before.max_model_len
             assert (profile.env, profile.name) != (before.env, before.name), "a memory step that changes nothing"

@@ -169,7 +169,7 @@ def _serve_until_answered(
         type("Supervisor", (), {"stopping": False, "engine": None})(),  # type: ignore[arg-type]
         settings,
         state,
-        Ladder(LaunchProfile.parse(ENV), 30, device_total_bytes=80 * 2**30),
+        Ladder(LaunchProfile.parse(ENV), device_total_bytes=80 * 2**30),
         [{"launch": 1, "outcome": "ready", "profile": "as configured"}],
         None,
         launcher=launcher,  # type: ignore[arg-type]

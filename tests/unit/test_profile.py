@@ -65,7 +65,7 @@ def test_blank_and_zero_are_unset_in_the_argv_the_plan_and_the_ladder(value: str
         assert argv.count("--max-num-seqs") == 1 and argv[argv.index("--max-num-seqs") + 1] == "32"
         assert "--max-num-batched-tokens" not in argv and "--max-model-len" not in argv
         assert (profile.max_num_seqs, profile.max_num_batched_tokens, profile.context_tokens) == (None, None, None)
-        knobs = knobs_for(profile, max_concurrency=30)
+        knobs = knobs_for(profile, worker_seqs=True)
         assert (knobs.max_num_seqs, knobs.max_num_batched_tokens, knobs.max_model_len) == (32, None, None)
 
 

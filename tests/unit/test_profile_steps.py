@@ -13,16 +13,16 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from vllm_worker.config.args_builder import ArgsError
 from vllm_worker.config.command import build_args
 from vllm_worker.config.env import RefusedValue
-from vllm_worker.config.profile import LaunchProfile, apply_overrides
+from vllm_worker.config.profile import PARSES, LaunchProfile, ProfileChange, apply_overrides
 from vllm_worker.config.settings import Settings
 from vllm_worker.diagnosis.verdict import Diagnosis
-from vllm_worker.engine.ladder import Ladder, Stop
+from vllm_worker.engine.ladder import REVISION_VARIABLES, Ladder, Stop
 
 GiB = 2**30
 
@@ -117,7 +117,9 @@ def test_a_ladder_step_is_the_profile_its_environment_parses_to(
     env: dict[str, str], device: int | None, failures: list[Diagnosis], death: bool, adaptive: bool
 ) -> None:
     base = LaunchProfile.parse(env)
-    climb = Ladder(base, base.max_concurrency, device_total_bytes=device)
+    # A refused configuration is answered before anything is launched or planned: no step is taken from it.
+    assume(base.refusal is None)
+    climb = Ladder(base, device_total_bytes=device)
     profile = climb.start_on(())
     for diagnosis in failures:
         step = climb.after_failure(profile, diagnosis)
@@ -129,3 +131,39 @@ def test_a_ladder_step_is_the_profile_its_environment_parses_to(
         oom = Diagnosis(kind="runtime_oom", message="o", evidence="e")
         if climb.after_death(oom) is not None:
             same_as_parsed(climb.profile, base, adaptive)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(
+    env=configurations,
+    seqs=st.sampled_from([None, 8, 32]),
+    eager=st.sampled_from([None, True]),
+    batched=st.sampled_from([None, 8192]),
+    gpus=st.sampled_from([None, 2, 4]),
+    context_auto=st.booleans(),
+    unpin=st.booleans(),
+    adaptive=st.booleans(),
+)
+def test_every_typed_change_is_the_profile_its_variables_parse_to(
+    env: dict[str, str], seqs: int | None, eager: bool | None, batched: int | None, gpus: int | None,
+    context_auto: bool, unpin: bool, adaptive: bool,
+) -> None:
+    """`LaunchProfile.changed` over every knob a step (or the plan's hardware fixes) changes, alone or together."""
+    base = LaunchProfile.parse(env)
+    assume(base.refusal is None)
+    pinned = tuple(name for name in REVISION_VARIABLES if base.written(name) is not None) if unpin else ()
+    change = ProfileChange(max_num_seqs=seqs, enforce_eager=eager, max_num_batched_tokens=batched,
+                           tensor_parallel_size=gpus, context_auto=context_auto, unpinned=pinned)
+    same_as_parsed(base.changed("step", change, change.variables()), base, adaptive)
+
+
+def test_a_profile_of_two_launches_is_parsed_once() -> None:
+    """The ladder's steps change the profile: the configuration is the only parse of a start."""
+    base = LaunchProfile.parse({"MODEL_NAME": "acme/m", "MAX_NUM_SEQS": "256", "MODEL_REVISION": "abc"})
+    before = PARSES.count
+    climb = Ladder(base)
+    oom = Diagnosis(kind="memory_shortfall", message="m", evidence="e", detail="kv_too_small")
+    for diagnosis in (oom, Diagnosis(kind="revision_not_found", message="r", evidence="e")):
+        assert not isinstance(climb.after_failure(climb.profile, diagnosis), Stop)
+    assert (climb.profile.max_num_seqs, climb.profile.revision, climb.profile.written("MODEL_REVISION")) == (32, None, None)
+    assert PARSES.count == before

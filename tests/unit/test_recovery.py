@@ -14,7 +14,7 @@ import pytest
 
 from tests.support import vllm_texts as t
 from vllm_worker.diagnosis.verdict import Failure, Tried
-from vllm_worker.config.profile import LaunchProfile
+from vllm_worker.config.profile import LaunchProfile, ProfileChange
 from vllm_worker.diagnosis.verdict import Diagnosis
 from vllm_worker.engine.ladder import MAX_LAUNCHES, Attempt, Ladder, Relaunch, Stop, next_launch
 from vllm_worker.diagnosis.startup_errors import classify, diagnose
@@ -32,10 +32,10 @@ class Run:
     tried: list[Tried] = field(default_factory=list)
 
 
-def launch_until_stop(base_env: Mapping[str, str], failures: Sequence[str], max_concurrency: int = 30) -> Run:
+def launch_until_stop(base_env: Mapping[str, str], failures: Sequence[str]) -> Run:
     """Launch with `base_env`; launch i fails with failures[i]; follow the real `Ladder` until it stops."""
     run = Run()
-    climb = Ladder(LaunchProfile.parse(base_env), max_concurrency)
+    climb = Ladder(LaunchProfile.parse(base_env))
     profile = climb.start_on(None)
     for output in failures:
         env = dict(profile.env)
@@ -51,9 +51,9 @@ def launch_until_stop(base_env: Mapping[str, str], failures: Sequence[str], max_
     return run
 
 
-def one(base_env: Mapping[str, str], output: str, max_concurrency: int = 30) -> Relaunch | Stop:
+def one(base_env: Mapping[str, str], output: str) -> Relaunch | Stop:
     diagnosis = diagnose(Failure.of(output, MODEL, env=base_env))
-    return next_launch(base_env, [Attempt(env=dict(base_env), diagnosis=diagnosis)], max_concurrency)
+    return next_launch(base_env, [Attempt(env=dict(base_env), diagnosis=diagnosis)])
 
 
 BASE = {"MODEL_NAME": MODEL}
@@ -72,7 +72,7 @@ def test_first_oom_lowers_max_num_seqs_and_keeps_graphs() -> None:
 
 
 def test_step_one_uses_the_smallest_multiple_of_8_at_or_above_concurrency() -> None:
-    step = one({**BASE, "MAX_NUM_SEQS": "256"}, OOM, max_concurrency=41)
+    step = one({**BASE, "MAX_NUM_SEQS": "256", "MAX_CONCURRENCY": "41"}, OOM)
     assert isinstance(step, Relaunch) and step.overrides == {"MAX_NUM_SEQS": "48"}
 
 
@@ -112,7 +112,7 @@ def test_unset_batched_tokens_are_capped_only_where_vllms_default_is_larger(
     device_total_bytes: int | None, capped: bool
 ) -> None:
     diagnosis = diagnose(Failure.of(OOM, MODEL, env=BASE))
-    step = next_launch(BASE, [Attempt(env=BASE, diagnosis=diagnosis)], 30, device_total_bytes=device_total_bytes)
+    step = next_launch(BASE, [Attempt(env=BASE, diagnosis=diagnosis)], device_total_bytes=device_total_bytes)
     assert isinstance(step, Relaunch) and step.profile == "eager"
     assert ("MAX_NUM_BATCHED_TOKENS" in step.overrides) is capped
     if capped:
@@ -124,11 +124,11 @@ def test_the_device_size_is_used_when_the_ladder_replays_earlier_steps() -> None
     env = {**BASE, "MAX_NUM_SEQS": "256"}
     big = 180 * GiB
     first = diagnose(Failure.of(OOM, MODEL, env=env))
-    step1 = next_launch(env, [Attempt(env=env, diagnosis=first)], 30, device_total_bytes=big)
+    step1 = next_launch(env, [Attempt(env=env, diagnosis=first)], device_total_bytes=big)
     assert isinstance(step1, Relaunch) and step1.profile == "max_num_seqs=32"
     env2 = {**env, **{k: v for k, v in step1.overrides.items() if v is not None}}
     attempts = [Attempt(env=env, diagnosis=first), Attempt(env=env2, diagnosis=diagnose(Failure.of(OOM, MODEL, env=env2)))]
-    step2 = next_launch(env, attempts, 30, device_total_bytes=big)
+    step2 = next_launch(env, attempts, device_total_bytes=big)
     assert isinstance(step2, Relaunch)
     assert step2.overrides == {"MAX_NUM_SEQS": "32", "ENFORCE_EAGER": "true", "MAX_NUM_BATCHED_TOKENS": "8192"}
 
@@ -143,7 +143,7 @@ def test_never_a_fourth_launch() -> None:
 def test_a_smaller_budget_is_respected(max_launches: int) -> None:
     env = {**BASE, "MAX_NUM_SEQS": "256"}
     attempts = [Attempt(env=env, diagnosis=diagnose(Failure.of(OOM, MODEL)))] * max_launches
-    assert isinstance(next_launch(env, attempts, 30, max_launches=max_launches), Stop)
+    assert isinstance(next_launch(env, attempts, max_launches=max_launches), Stop)
 
 
 def test_worker_default_max_num_seqs_skips_step_one() -> None:
@@ -380,7 +380,7 @@ def test_causes_a_relaunch_cannot_fix_stop(text: str) -> None:
 
 def test_next_launch_needs_an_attempt() -> None:
     with pytest.raises(ValueError):
-        next_launch(BASE, [], 30)
+        next_launch(BASE, [])
 
 
 @pytest.mark.parametrize(
@@ -402,7 +402,7 @@ def _oom_death() -> Diagnosis:
 
 def test_after_an_oom_death_the_ladder_goes_seqs_then_eager_then_nothing_left() -> None:
     base = {**BASE, "MAX_NUM_SEQS": "64"}
-    climb = Ladder(LaunchProfile.parse(base), 30)
+    climb = Ladder(LaunchProfile.parse(base))
     first = climb.after_death(_oom_death())
     assert first is not None and (first.profile, first.overrides) == ("max_num_seqs=32", {"MAX_NUM_SEQS": "32"})
     second = climb.after_death(_oom_death())
@@ -414,9 +414,11 @@ def test_after_an_oom_death_the_ladder_goes_seqs_then_eager_then_nothing_left() 
 
 def test_after_an_oom_death_a_step_startup_took_is_not_taken_again() -> None:
     # Started on the eager profile already (the startup ladder or the capacity plan chose it).
-    climb = Ladder(LaunchProfile.parse(BASE), 30)
+    climb = Ladder(LaunchProfile.parse(BASE))
     climb.start_on([
-        Relaunch({"MAX_NUM_SEQS": "32"}, "max_num_seqs=32", "plan", Tried({"MAX_NUM_SEQS": "32"}), step="seqs"),
-        Relaunch({"MAX_NUM_SEQS": "32", "ENFORCE_EAGER": "true"}, "eager", "plan", Tried({"ENFORCE_EAGER": "true"}), step="eager"),
+        Relaunch({"MAX_NUM_SEQS": "32"}, "max_num_seqs=32", "plan", Tried({"MAX_NUM_SEQS": "32"}), step="seqs",
+                 change=ProfileChange(max_num_seqs=32)),
+        Relaunch({"MAX_NUM_SEQS": "32", "ENFORCE_EAGER": "true"}, "eager", "plan", Tried({"ENFORCE_EAGER": "true"}), step="eager",
+                 change=ProfileChange(enforce_eager=True)),
     ])
     assert climb.after_death(_oom_death()) is None

@@ -227,7 +227,7 @@ def _death_told_by_the_monitor(tail: str, code: int, env: dict[str, str]) -> tup
     supervisor = type("Supervisor", (), {"stopping": False, "engine": None})()
     settings = settings_mod.load(env)
     profile = LaunchProfile.parse(env)
-    climb = Ladder(profile, profile.max_concurrency, device_total_bytes=80 * 2**30)
+    climb = Ladder(profile, device_total_bytes=80 * 2**30)
     watcher = EngineMonitor(
         supervisor,  # type: ignore[arg-type]
         settings,

@@ -29,8 +29,8 @@ from vllm_worker.capacity.model_facts import (
 )
 from vllm_worker.capacity.plan_report import summary_line
 from vllm_worker.capacity.plan_settings import cpu_has_amx, knobs_for
-from vllm_worker.config.profile import LaunchProfile
-from vllm_worker.config.secrets import mask_text, secret_values
+from vllm_worker.config.profile import LaunchProfile, ProfileChange
+from vllm_worker.config.secrets import mask_text
 from vllm_worker.diagnosis.verdict import Diagnosis, Tried
 from vllm_worker.engine import ladder
 
@@ -54,7 +54,6 @@ def fit_profile(
     facts: ModelFacts,
     device_total_bytes: int,
     profile: LaunchProfile,
-    max_concurrency: int,
     *,
     device_name: str | None = None,
     fit_context: bool = True,
@@ -70,8 +69,8 @@ def fit_profile(
     lowered, and every explicit setting a profile changes is named in a warning.
     """
     def plan_for(launch: LaunchProfile) -> Plan:
-        knobs = knobs_for(launch, max_concurrency=max_concurrency, device_name=device_name, compile_cache=compile_cache)
-        return plan(facts, device_total_bytes, knobs, max_concurrency=max_concurrency)
+        knobs = knobs_for(launch, worker_seqs=True, device_name=device_name, compile_cache=compile_cache)
+        return plan(facts, device_total_bytes, knobs, max_concurrency=launch.max_concurrency)
 
     env = profile.env
     configured = plan_for(profile)
@@ -81,7 +80,7 @@ def fit_profile(
 
     # The ladder a startup out-of-memory would climb, walked on predictions instead of launches.
     shortfall = Diagnosis(kind="memory_shortfall", message="predicted", evidence="capacity plan", detail="kv_too_small")
-    climb = ladder.Ladder(profile, max_concurrency, device_total_bytes=device_total_bytes)
+    climb = ladder.Ladder(profile, device_total_bytes=device_total_bytes)
     launch = profile
     candidates: list[tuple[Any, LaunchProfile, Plan]] = []
     steps: dict[int, list[Any]] = {}  # id(step) -> the steps taken up to it
@@ -101,9 +100,9 @@ def fit_profile(
     explicit_len = profile.max_model_len is not None
     if chosen is None and fit_context and not explicit_len and not configured.problems:
         base_step = candidates[0][0] if candidates and candidates[0][0].profile.startswith("max_num_seqs") else None
-        overrides = dict(base_step.overrides) if base_step else {}
-        overrides["MAX_MODEL_LEN"] = "auto"
-        auto = profile.with_overrides("context_auto", overrides)
+        context_change = ProfileChange(context_auto=True)
+        overrides = {**(base_step.overrides if base_step else {}), **context_change.variables()}
+        auto = (candidates[0][1] if base_step else profile).changed("context_auto", context_change, overrides)
         auto_plan = plan_for(auto)
         # vLLM fits the context to the memory it measures, so a first boot's compile only shortens it:
         # the central prediction decides, and the warning gives the band.
@@ -118,6 +117,7 @@ def fit_profile(
                 ),
                 tried=Tried({"MAX_MODEL_LEN": "auto"}, how="first_launch"),
                 step="context",
+                change=context_change,
                 warnings=[
                     f"MAX_MODEL_LEN is not set and the model's full {facts.max_context}-token context does not fit "
                     f"on this GPU: launching with MAX_MODEL_LEN=auto (about {auto_plan.max_model_len} tokens predicted, "
@@ -134,7 +134,7 @@ def fit_profile(
         decision.status = "cannot_fit"
         decision.plan = best
         decision.fatal_message = cannot_fit_message(
-            facts, configured, best, profile, max_concurrency=max_concurrency, device_name=device_name
+            facts, configured, best, profile, device_name=device_name
         )
         return decision
     step, _, chosen_plan = chosen
@@ -163,7 +163,6 @@ def cannot_fit_message(
     best: Plan,
     profile: LaunchProfile,
     *,
-    max_concurrency: int | None = None,
     device_name: str | None = None,
 ) -> str:
     """The one message every job is answered with when nothing is predicted to fit."""
@@ -183,7 +182,7 @@ def cannot_fit_message(
             f"GPU of the {fmt_gib(configured.requested_bytes)} GiB vLLM may use (GPU_MEMORY_UTILIZATION="
             f"{configured.utilization:g}), before any KV cache (predicted before launch)"
         )
-        fixes = _hardware_fixes(facts, configured, profile, max_concurrency, device_name, explicit_len)
+        fixes = _hardware_fixes(facts, configured, profile, device_name, explicit_len)
     else:
         where = (
             f"MAX_MODEL_LEN={configured.max_model_len}"
@@ -206,21 +205,19 @@ def _hardware_fixes(
     facts: ModelFacts,
     configured: Plan,
     profile: LaunchProfile,
-    max_concurrency: int | None,
     device_name: str | None,
     explicit_len: bool,
 ) -> list[str]:
     """More GPUs or a larger card that hold the weights and a useful context (MAX_MODEL_LEN=auto when unset)."""
-    context: dict[str, str | None] = {} if explicit_len else {"MAX_MODEL_LEN": "auto"}
     want = min(MIN_USEFUL_CONTEXT, facts.max_context)
-    launches: dict[tuple[tuple[str, str], ...], LaunchProfile] = {}
+    launches: dict[int | None, LaunchProfile] = {}
 
-    def fits(extra: Mapping[str, str], total: int | None) -> Plan | None:
-        key = tuple(sorted(extra.items()))
-        if key not in launches:  # one profile per configuration, whichever card it is planned on
-            launches[key] = profile.with_overrides(profile.name, {**context, **extra})
+    def fits(gpus: int | None, total: int | None) -> Plan | None:
+        if gpus not in launches:  # one profile per configuration, whichever card it is planned on
+            change = ProfileChange(tensor_parallel_size=gpus, context_auto=not explicit_len)
+            launches[gpus] = profile.changed(profile.name, change, change.variables())
         try:
-            knobs = knobs_for(launches[key], max_concurrency=max_concurrency, device_name=device_name)
+            knobs = knobs_for(launches[gpus], worker_seqs=True, device_name=device_name)
             p = plan(facts, total, knobs, with_changes=False)
         except CapacityError:
             return None
@@ -230,7 +227,7 @@ def _hardware_fixes(
     tp = configured.tensor_parallel_size
     for more in (2, 4, 8, 16):
         if more > tp:
-            p = fits({"TENSOR_PARALLEL_SIZE": str(more)}, configured.device_total_bytes)
+            p = fits(more, configured.device_total_bytes)
             if p is not None:
                 fixes.append(
                     f"set TENSOR_PARALLEL_SIZE={more} and run on {more} GPUs like this one (about "
@@ -239,7 +236,7 @@ def _hardware_fixes(
                 break
     for card in sorted(CARDS, key=lambda c: c.total_bytes):
         if card.total_bytes > (configured.device_total_bytes or 0):
-            p = fits({}, card.total_bytes)
+            p = fits(None, card.total_bytes)
             if p is not None:
                 fixes.append(f"use a GPU with {fmt_gib(card.total_bytes)} GiB or more, such as {card.name}")
                 break
@@ -263,14 +260,13 @@ class StartupPlan:
     device_total_bytes: int | None = None
     device_name: str | None = None
     platform: str = "cuda"
-    max_concurrency: int = 1
 
     def predict_for(self, profile: LaunchProfile) -> Plan | None:
         """The plan for another launch configuration (after a relaunch), without reading the model again."""
         if self.facts is None:
             return None
         try:
-            knobs = knobs_for(profile, max_concurrency=self.max_concurrency, platform=self.platform,
+            knobs = knobs_for(profile, worker_seqs=True, platform=self.platform,
                                    device_name=self.device_name, cpu_amx=self.platform == "cpu" and cpu_has_amx())
             return plan(self.facts, self.device_total_bytes, knobs, with_changes=False)
         except CapacityError:
@@ -301,7 +297,6 @@ class StartupPlan:
 def startup_plan(
     profile: LaunchProfile,
     device_total_bytes: int | None,
-    max_concurrency: int,
     *,
     device_name: str | None = None,
     platform: str = "cuda",
@@ -322,11 +317,12 @@ def startup_plan(
     `compile_cache`: "warm" when the start will find torch.compile's cache warm (the worker's mark on
     the volume, engine.compile_cache): the cold-compile term is then left out of the plan.
     """
+    max_concurrency = profile.max_concurrency
     try:
         if facts is None:
             facts = _startup_facts(profile, safetensors_parameters, config, timeout)
         if device_total_bytes is None or platform == "cpu":
-            knobs = knobs_for(profile, max_concurrency=max_concurrency, platform=platform, device_name=device_name,
+            knobs = knobs_for(profile, worker_seqs=True, platform=platform, device_name=device_name,
                               cpu_amx=platform == "cpu" and cpu_has_amx(), compile_cache=compile_cache)
             if knobs.kv_cache_memory_bytes is None:
                 per_token = kv_bytes_per_token(facts, knobs.tensor_parallel_size, knobs.kv_cache_dtype, knobs.dtype)
@@ -342,13 +338,11 @@ def startup_plan(
             return StartupPlan(status="as_configured", log_line=summary_line(predicted), predicted=predicted,
                                warnings=_concurrency_warning(predicted, max_concurrency), facts=facts,
                                device_total_bytes=device_total_bytes, device_name=device_name,
-                               platform=platform, max_concurrency=max_concurrency)
-        decision = fit_profile(
-            facts, device_total_bytes, profile, max_concurrency, device_name=device_name, compile_cache=compile_cache
-        )
+                               platform=platform)
+        decision = fit_profile(facts, device_total_bytes, profile, device_name=device_name, compile_cache=compile_cache)
     except Exception as exc:  # noqa: BLE001 - a plan must never block the boot
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        reason = mask_text(reason, secret_values(profile.env))
+        reason = mask_text(reason, profile.secrets)
         return StartupPlan(status="unknown", log_line=f"capacity plan unavailable ({reason}); launching as configured")
     assert decision.plan is not None
     line = summary_line(decision.plan)
@@ -374,7 +368,6 @@ def startup_plan(
         device_total_bytes=device_total_bytes,
         device_name=device_name,
         platform=platform,
-        max_concurrency=max_concurrency,
     )
 
 

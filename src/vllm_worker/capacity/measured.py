@@ -215,14 +215,14 @@ def capacity_line(tail: str) -> str | None:
 
 
 def ready_engine_report(
-    startup_plan: "StartupPlan | None", profile: LaunchProfile, tail: str, max_concurrency: int
+    startup_plan: "StartupPlan | None", profile: LaunchProfile, tail: str
 ) -> tuple[str | None, dict[str, Any]]:
     """A ready engine's capacity: its own line, and predicted against actual for the profile that
     became ready (logged once, kept for the status job; empty without a plan)."""
     line = capacity_line(tail)
     if startup_plan is None:
         return line, {}
-    report = capacity_report(startup_plan.predict_for(profile), parse_engine_capacity(tail), max_concurrency)
+    report = capacity_report(startup_plan.predict_for(profile), parse_engine_capacity(tail), profile.max_concurrency)
     log.info("%s", report.log_line)
     for warning in report.warnings:
         log.warning("%s", warning)

@@ -20,7 +20,7 @@ from vllm_worker.capacity.gpus import find_card
 from vllm_worker.capacity.kv_cache import kv_dtype_bytes
 from vllm_worker.capacity.memory_budget import VERDICT_TEXT, Plan, fmt_gib, fmt_tokens, plan
 from vllm_worker.capacity.model_facts import CapacityError, GiB, ModelFacts, facts_from_cache, facts_from_folder, facts_from_hub
-from vllm_worker.capacity.plan_settings import knobs_from_env, parse_size
+from vllm_worker.capacity.plan_settings import knobs_for, parse_size
 from vllm_worker.config.profile import DEFAULT_GPU_MEMORY_UTILIZATION, LaunchProfile
 from vllm_worker.model.preflight import Target, classify_hub_error, failure_message
 
@@ -191,7 +191,9 @@ def plan_cli(argv: Sequence[str]) -> int:
         if args.enforce_eager:
             env["ENFORCE_EAGER"] = "true"
         facts = _cli_facts(args.model, args.revision, hub)
-        knobs = knobs_from_env(env, max_concurrency=args.max_concurrency, device_name=device_name)
+        # The worker's MAX_NUM_SEQS default for --max-concurrency, as a worker configured so would pass it.
+        profile = replace(LaunchProfile.parse(env), max_concurrency=args.max_concurrency)
+        knobs = knobs_for(profile, worker_seqs=True, device_name=device_name)
         knobs = replace(knobs, compile_cache=args.compile_cache)
         result = plan(facts, total, knobs, max_concurrency=args.max_concurrency)
         if not (args.gpu or args.gpu_memory):

@@ -77,22 +77,21 @@ class Knobs:
 def knobs_for(
     profile: LaunchProfile,
     *,
-    max_concurrency: int | None = None,
+    worker_seqs: bool = False,
     platform: str = "cuda",
     device_name: str | None = None,
     cpu_amx: bool = False,
     compile_cache: str = "unknown",
 ) -> Knobs:
     """Knobs from a launch profile (VLLM_EXTRA_ARGS and vLLM's spellings already folded in).
-    MAX_NUM_SEQS defaults as the worker's; CapacityError names a value the plan cannot read.
+    worker_seqs: an unset MAX_NUM_SEQS is the worker's default for the profile's MAX_CONCURRENCY, as the
+    worker passes it (False: vLLM's default for the card). CapacityError names a value the plan cannot read.
     `compile_cache`: what the start will find in torch.compile's cache ("warm" when the worker's mark
     says a start of this configuration left it, engine.compile_cache)."""
     unreadable = next(((name, profile.unreadable[name]) for name in _PLAN_KNOBS if name in profile.unreadable), None)
     if unreadable is not None:
         raise CapacityError(f"{unreadable[0]}={unreadable[1]!r} cannot be read")
-    seqs = profile.max_num_seqs
-    if seqs is None and max_concurrency is not None:
-        seqs = profile.effective_max_num_seqs(max_concurrency)
+    seqs = profile.effective_max_num_seqs() if worker_seqs else profile.max_num_seqs
     return Knobs(
         platform=platform,
         utilization=profile.utilization,

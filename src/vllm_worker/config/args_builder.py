@@ -1,4 +1,7 @@
-"""Turn the worker's environment into the `vllm serve` command line.
+"""vLLM's `vllm serve` options as the worker's variables: the table, its spellings and its checks.
+
+`profile.fold` resolves the variables by this table (`resolve`); `command.build_args` renders the
+profile's options by it.
 
 Users configure vLLM only through environment variables, so every `vllm serve` option
 of vLLM 0.32 is settable by the UPPER_SNAKE form of its name (MAX_NUM_SEQS ->
@@ -30,19 +33,18 @@ passes the smallest multiple of 8 that is >= MAX_CONCURRENCY, because vLLM's own
 default (256, or 1024 on 70 GiB+ cards) costs minutes of CUDA-graph capture and
 activation memory for batch sizes the worker never sends.
 
-`build_args` is pure: it returns warnings instead of logging them.
+`command.build_args` is pure: it returns warnings instead of logging them.
 """
 
 from __future__ import annotations
 
 import difflib
 import json
-import shlex
 from importlib import resources
-from typing import Any, Iterable, Literal, Mapping
+from typing import Any, Literal, Mapping
 
 from vllm_worker.config import flag_messages, official_worker
-from vllm_worker.config.env import BOOL_ACCEPTED, EXTRA_ARGS, RefusedValue, bool_word
+from vllm_worker.config.env import BOOL_ACCEPTED, RefusedValue, bool_word
 from vllm_worker.config.env import value as value_of
 from vllm_worker.config.secrets import mask_text, secret_values
 from vllm_worker.config.settings import DOCUMENTED
@@ -272,39 +274,6 @@ def is_true(value: str | None, variable: str = "value") -> bool:
     return parse_bool(variable, value) is True
 
 
-def _is_zero(value: str) -> bool:
-    try:
-        return int(value) == 0
-    except ValueError:
-        return False
-
-
-def _split_words(variable: str, value: str, env: Mapping[str, str]) -> list[str]:
-    try:
-        return shlex.split(value)
-    except ValueError:
-        shown = mask_text(value, secret_values(env))
-        raise ArgsError(
-            variable,
-            shown,
-            "its quotes are unbalanced; quote values the way a shell would, e.g. --flag 'a b'",
-        ) from None
-
-
-def _list_values(variable: str, value: str, env: Mapping[str, str]) -> list[str]:
-    """One argument per shell word, or per element of a JSON array; a JSON object is one argument."""
-    if value[0] == "{":
-        return [value]
-    if value[0] == "[":
-        try:
-            items = json.loads(value)
-        except ValueError:
-            items = None  # not JSON: a glob such as '[0-9]*.bin' is a shell word
-        if isinstance(items, list):
-            return [item if isinstance(item, str) else json.dumps(item) for item in items]
-    return _split_words(variable, value, env)
-
-
 def resolve(env: Mapping[str, str], warnings: list[str]) -> tuple[dict[str, str], dict[str, str]]:
     """Table name -> value, and table name -> the variable that set it, after aliases, legacy names and
     the official worker's speculative variables. `LaunchProfile.parse` calls it, once per profile.
@@ -362,48 +331,6 @@ def _fold_official_speculative(env: Mapping[str, str], values: dict[str, str], s
     sources.setdefault("SPECULATIVE_CONFIG", ", ".join(sorted({variable for variable, _ in fields.values()})))
 
 
-def _extra_args(env: Mapping[str, str]) -> list[str]:
-    raw = value_of(env, EXTRA_ARGS)
-    if raw is None:
-        return []
-    words = _split_words(EXTRA_ARGS, raw, env)
-    for flag in _flags_in(words):
-        if flag in RESERVED_IN_EXTRA_ARGS:
-            shown = mask_text(raw, secret_values(env))
-            raise ArgsError(EXTRA_ARGS, shown, f"{RESERVED_IN_EXTRA_ARGS[flag]}; remove {flag} from {EXTRA_ARGS}")
-    return words
-
-
-def _flags_in(words: Iterable[str]) -> set[str]:
-    """Long flag names in an argument list, normalized as vLLM's parser does."""
-    flags: set[str] = set()
-    for word in words:
-        if word.startswith("--") and len(word) > 2:
-            flag = "--" + word[2:].split("=", 1)[0].split(".", 1)[0].replace("_", "-")
-            flags.add(LONG_ALIASES.get(flag, flag))
-        elif word in SHORT_OPTIONS:
-            flags.add(SHORT_OPTIONS[word])
-        elif word.startswith("-O") and word != "-O":  # vLLM reads -O3 as --optimization-level 3
-            flags.add("--optimization-level")
-    return flags
-
-
-def _config_file(env: Mapping[str, str], extra_flags: set[str]) -> list[str]:
-    """`--config FILE` for VLLM_CONFIG_FILE (the name Runpod's worker documents)."""
-    path = value_of(env, CONFIG_FILE)
-    if path is None:
-        return []
-    if path.split(".")[-1] not in ("yaml", "yml"):  # vLLM refuses any other name with a traceback
-        raise ArgsError(CONFIG_FILE, path, CONFIG_FILE_ACCEPTED,
-                        message=flag_messages.invalid_value(CONFIG_FILE, path, "--config", CONFIG_FILE_ACCEPTED))
-    if "--config" in extra_flags:
-        raise ArgsError(CONFIG_FILE, path, f"{EXTRA_ARGS} passes --config too, and vLLM reads only one config "
-                        f"file; remove one of them")
-    # vLLM requires `--config` and the path as two arguments, and puts the file's settings
-    # before the command line's, so every variable still overrides the file.
-    return ["--config", path]
-
-
 def _checked(source: str, option: Mapping[str, Any], items: list[str], value: str, env: Mapping[str, str]) -> None:
     """ArgsError when vLLM's parser or its config would refuse these argument(s)."""
     accepted = flag_messages.problem(option, items)
@@ -413,26 +340,6 @@ def _checked(source: str, option: Mapping[str, Any], items: list[str], value: st
     flag = option["flag"]
     raise ArgsError(source, shown, f"{flag} takes {accepted}",
                     message=flag_messages.invalid_value(source, shown, flag, accepted))
-
-
-def _option_args(name: str, kind: Kind, value: str, source: str, env: Mapping[str, str]) -> list[str]:
-    """The arguments one table variable becomes (checked as vLLM would check them)."""
-    option = OPTIONS[name]
-    flag = option["flag"]
-    if kind == "pair":
-        return [flag if parse_bool(source, value) else "--no-" + flag[2:]]
-    if kind == "store_true":
-        return [flag] if parse_bool(source, value) else []
-    if kind == "list":
-        items = _list_values(source, value, env)
-        _checked(source, option, items, value, env)
-        return [flag, *items]
-    if kind == "append":
-        items = _split_words(source, value, env)
-        _checked(source, option, items, value, env)
-        return [arg for item in items for arg in (flag, item)]
-    _checked(source, option, [value], value, env)
-    return [f"{flag}={value}"] if value.startswith("-") else [flag, value]
 
 
 def option_for(flag_or_field: str) -> dict[str, Any] | None:

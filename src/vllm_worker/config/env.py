@@ -2,8 +2,8 @@
 
 Users write values by hand in a web form, so " 32 ", "True" and "" all occur. These few rules
 ("strip; blank is unset", the true/false words, vLLM's human-readable integers, shell words for
-VLLM_EXTRA_ARGS) are decided here once; `settings`, `args_builder` and `profile` apply them and
-decide what an unreadable value means for their own variables.
+VLLM_EXTRA_ARGS) are decided here once, and `Reader` applies them to a profile's folded values;
+`settings`, `command` and `profile` decide what an unreadable value means for their own variables.
 """
 
 from __future__ import annotations
@@ -66,3 +66,46 @@ def shell_words(text: str) -> list[str] | None:
         return shlex.split(text)
     except ValueError:
         return None
+
+
+class Reader:
+    """Typed reads of a profile's folded values by the rules above; what cannot be read is kept
+    (name -> value) in `unreadable`, not guessed."""
+
+    def __init__(self, values: Mapping[str, str]) -> None:
+        self.values = values
+        self.unreadable: dict[str, str] = {}
+
+    def text(self, name: str) -> str | None:
+        return self.values.get(name)
+
+    def whole(self, name: str, *, human: bool = False) -> int | None:
+        """A whole number ("8k" with human); None when unset, 0 (0 means unset) or unreadable."""
+        text = self.values.get(name)
+        if text is None:
+            return None
+        try:
+            number = parse_human_int(text) if human else int(text)
+        except ValueError:
+            self.unreadable[name] = text
+            return None
+        return number if number != 0 else None
+
+    def number(self, name: str) -> float | None:
+        text = self.values.get(name)
+        if text is None:
+            return None
+        try:
+            return float(text)
+        except ValueError:
+            self.unreadable[name] = text
+            return None
+
+    def switch(self, name: str) -> bool | None:
+        text = self.values.get(name)
+        if text is None:
+            return None
+        word = bool_word(text)
+        if word is None:
+            self.unreadable[name] = text
+        return word

@@ -1,25 +1,28 @@
-"""The launch configuration, parsed once: the user's variables as typed values, and a ladder step's overrides.
+"""The launch configuration, parsed once into one layer of typed values; a ladder step a typed change of it.
 
-`LaunchProfile.parse` is the only reader of the strings. It folds the variables once (vLLM's
+`LaunchProfile.parse` is the only reader of the strings. `fold` reads the variables once (vLLM's
 other spellings, the legacy names, the official worker's speculative variables, with the
-conflict check `args_builder.resolve` makes), reads every knob the worker decides on into a
-typed field ("0 means unset", "true/1/yes/on", "8k", "a flag in VLLM_EXTRA_ARGS wins" decided
-here), and keeps the first value it cannot use as `refusal`, the one sentence every job is
-answered with. The pre-flight and the model cache, the capacity plan, the memory wait, the
-ladder, the messages of `diagnosis` and the restarts of `monitor` read these fields;
-`command.build_args` renders the profile into `vllm serve`'s argv. A message that quotes
-what the user wrote reads `written(NAME)`, never to decide on it (tests/unit/test_structure.py).
+conflict check `args_builder.resolve` makes, and VLLM_EXTRA_ARGS's words); `parse` reads every
+knob the worker decides on into a typed field ("0 means unset", "true/1/yes/on", "8k", "a flag in
+VLLM_EXTRA_ARGS wins" decided here), each of vLLM's options a variable sets into an `Option`, and
+keeps the first value it cannot use as `refusal`, the one sentence every job is answered with.
+The pre-flight and the model cache, the capacity plan, the memory wait, the ladder, the messages
+of `diagnosis` and the restarts of `monitor` read these fields; `command.build_args` renders them
+into `vllm serve`'s argv. A ladder step is a `ProfileChange`, made by `LaunchProfile.changed`
+without parsing anything again. A message that quotes what the user wrote reads `written(NAME)`,
+never to decide on it (tests/unit/test_structure.py).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Iterable, Mapping, Sequence
 
-from vllm_worker.config import args_builder, flag_messages
+from vllm_worker.config import args_builder, flag_messages, official_worker
 from vllm_worker.config import env as envs
 from vllm_worker.config.args_builder import ALIASES, FLAGS, LEGACY_ALIASES, LONG_ALIASES, OPTIONS, SHORT_OPTIONS
-from vllm_worker.config.env import RefusedValue, parse_human_int
+from vllm_worker.config.env import Reader, RefusedValue, parse_human_int
+from vllm_worker.config.secrets import mask_text, secret_values
 from vllm_worker.config.settings import SettingsError, multiple_of_8_at_least, read_setting, whole_in
 
 DEFAULT_MAX_CONCURRENCY = 30
@@ -79,10 +82,47 @@ def _extra_args_values(words: list[str]) -> list[tuple[str, str]]:
     return found
 
 
-def fold(env: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str], dict[str, str], dict[str, str], list[str], RefusedValue | None]:
-    """The launch values under vLLM's table names and the variable that set each; the same for the
-    table's flags from the variables alone (what the argv renders before VLLM_EXTRA_ARGS); the fold's
-    warnings; and the refusal when two spellings disagree.
+@dataclass(frozen=True)
+class Option:
+    """One of vLLM's options set by a variable (not VLLM_EXTRA_ARGS): its table name, its value as
+    written, the variable that set it, and the value as a sentence may quote it (credentials masked).
+    `command.build_args` renders it as vLLM's parser takes it."""
+
+    name: str
+    value: str
+    source: str
+    shown: str
+
+
+_TABLE_ORDER = {name: i for i, name in enumerate(FLAGS)}
+
+
+def _in_table_order(options: Iterable[Option]) -> tuple[Option, ...]:
+    """Options in the order of vLLM's parser (the argv's), whichever spelling set each."""
+    return tuple(sorted(options, key=lambda option: _TABLE_ORDER.get(option.name, len(_TABLE_ORDER))))
+
+
+@dataclass(frozen=True)
+class Folded:
+    """The environment read once: what the user wrote (`written`: stripped, blanks left out); every value
+    under vLLM's table names (`values`) and the variable that set each (`sources`); the table's options
+    from the variables alone (what the argv renders before VLLM_EXTRA_ARGS); VLLM_EXTRA_ARGS as shell
+    words (None: unbalanced quotes); the fold's warnings; the environment's own notices (answered official
+    variables, look-alike names); the credentials' values; and the refusal when two spellings disagree."""
+
+    written: dict[str, str]
+    values: dict[str, str]
+    sources: dict[str, str]
+    options: tuple[Option, ...]
+    extra_words: list[str] | None
+    warnings: list[str]
+    notices: tuple[str, ...]
+    secrets: tuple[str, ...]
+    refusal: RefusedValue | None
+
+
+def fold(env: Mapping[str, str]) -> Folded:
+    """The environment folded once (`Folded`).
 
     Every non-blank variable is kept as written; vLLM's other spellings (REVISION for
     MODEL_REVISION, TOKENIZER for TOKENIZER_NAME, --device-memory-utilization), the legacy
@@ -90,7 +130,8 @@ def fold(env: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str], dict[s
     (which refuses two spellings that disagree); flags in VLLM_EXTRA_ARGS come last on vLLM's
     command line, so they win.
     """
-    values = {name: value for name in env if (value := env_value(env, name)) is not None}
+    written = {name: value for name in env if (value := env_value(env, name)) is not None}
+    values = dict(written)
     sources = {name: name for name in values}
     warnings: list[str] = []
     refusal: RefusedValue | None = None
@@ -101,12 +142,20 @@ def fold(env: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str], dict[s
         for alias, name in (*ALIASES.items(), *LEGACY_ALIASES.items()):
             if alias in values and name not in sources:
                 values[name], sources[name] = values[alias], alias
+    secrets = tuple(secret_values(env))
+    options = _in_table_order(
+        Option(name, value, resolved_sources[name], mask_text(value, secrets))
+        for name, value in resolved.items()
+        # The official Hub form writes its defaults: a variable vLLM 0.32 dropped, left there, asks for nothing.
+        if not (FLAGS.get(name) == "removed" and official_worker.at_form_default(name, value))
+    )
+    notices = (*official_worker.notices(env), *args_builder.lookalike_warnings(env))
     values.update(resolved)
     sources.update(resolved_sources)
-    words = envs.shell_words(values.get(EXTRA_ARGS_NAME, "")) or []
-    for name, value in _extra_args_values(words):
+    extra_words = envs.shell_words(values.get(EXTRA_ARGS_NAME, ""))
+    for name, value in _extra_args_values(extra_words or []):
         values[name], sources[name] = value, EXTRA_ARGS_NAME
-    return values, sources, resolved, resolved_sources, warnings, refusal
+    return Folded(written, values, sources, options, extra_words, warnings, notices, secrets, refusal)
 
 
 def canonical(name: str) -> str:
@@ -155,13 +204,13 @@ def _parse_bytes(text: str) -> int | None:
         return None
 
 
-def explicit_kv_cache_size(env: Mapping[str, str], cpu: bool = False) -> KvCacheSize | None:
-    """The KV cache size the launch fixed, if any (the last one vLLM reads wins)."""
+def explicit_kv_cache_size(written: Mapping[str, str], words: Sequence[str], cpu: bool = False) -> KvCacheSize | None:
+    """The KV cache size the launch fixed, if any (the last one vLLM reads wins), from what the user wrote
+    and VLLM_EXTRA_ARGS's words."""
     if cpu:
-        space = env_value(env, CPU_KV_SPACE)
+        space = written.get(CPU_KV_SPACE)
         if space is not None:
             return KvCacheSize(CPU_KV_SPACE, space, int(space) * _GIB if space.isdigit() else None)
-    words = _extra_words(env)
     found: tuple[str, str] | None = None
     for i, word in enumerate(words):
         flag, eq, value = word.partition("=")
@@ -171,17 +220,10 @@ def explicit_kv_cache_size(env: Mapping[str, str], cpu: bool = False) -> KvCache
             found = (flag, value)
     if found is not None:
         return KvCacheSize(EXTRA_ARGS_NAME, f"{found[0]} {found[1]}", _parse_bytes(found[1]))
-    written = env_value(env, "KV_CACHE_MEMORY_BYTES")
-    if written is not None:
-        return KvCacheSize("KV_CACHE_MEMORY_BYTES", written, _parse_bytes(written))
+    size = written.get("KV_CACHE_MEMORY_BYTES")
+    if size is not None:
+        return KvCacheSize("KV_CACHE_MEMORY_BYTES", size, _parse_bytes(size))
     return None
-
-
-def _extra_words(env: Mapping[str, str]) -> list[str]:
-    """VLLM_EXTRA_ARGS as words; with unbalanced quotes, split on blanks (args_builder refuses it)."""
-    raw = env_value(env, EXTRA_ARGS_NAME) or ""
-    words = envs.shell_words(raw)
-    return words if words is not None else raw.split()
 
 
 def apply_overrides(env: Mapping[str, str], overrides: Mapping[str, str | None]) -> dict[str, str]:
@@ -195,60 +237,12 @@ def apply_overrides(env: Mapping[str, str], overrides: Mapping[str, str | None])
     return launch_env
 
 
-class _Reader:
-    """Typed reads of the folded values; what cannot be read is kept (name -> value), not guessed."""
-
-    def __init__(self, values: Mapping[str, str]) -> None:
-        self.values = values
-        self.unreadable: dict[str, str] = {}
-
-    def text(self, name: str) -> str | None:
-        return self.values.get(name)
-
-    def whole(self, name: str, *, human: bool = False) -> int | None:
-        """A whole number ("8k" with human); None when unset, 0 (0 means unset) or unreadable."""
-        text = self.values.get(name)
-        if text is None:
-            return None
-        try:
-            number = parse_human_int(text) if human else int(text)
-        except ValueError:
-            self.unreadable[name] = text
-            return None
-        return number if number != 0 else None
-
-    def number(self, name: str) -> float | None:
-        text = self.values.get(name)
-        if text is None:
-            return None
-        try:
-            return float(text)
-        except ValueError:
-            self.unreadable[name] = text
-            return None
-
-    def switch(self, name: str) -> bool | None:
-        text = self.values.get(name)
-        if text is None:
-            return None
-        word = envs.bool_word(text)
-        if word is None:
-            self.unreadable[name] = text
-        return word
-
-    def context(self) -> int | None:
-        """MAX_MODEL_LEN in tokens; -1 for auto (or -1); None when unset, 0 or unreadable."""
-        text = self.values.get("MAX_MODEL_LEN")
-        if text is not None and text.lower() in ("auto", "-1"):
-            return -1
-        return self.whole("MAX_MODEL_LEN", human=True)
-
-
-def _shell_split(text: str | None) -> tuple[str, ...] | None:
-    if text is None:
-        return ()
-    words = envs.shell_words(text)
-    return tuple(words) if words is not None else None
+def _context(read: Reader) -> int | None:
+    """MAX_MODEL_LEN in tokens; -1 for auto (or -1); None when unset, 0 or unreadable."""
+    text = read.text("MAX_MODEL_LEN")
+    if text is not None and text.lower() in ("auto", "-1"):
+        return -1
+    return read.whole("MAX_MODEL_LEN", human=True)
 
 
 def _concurrency(env: Mapping[str, str]) -> tuple[int, RefusedValue | None]:
@@ -298,12 +292,12 @@ class LaunchProfile:
     whose text the typed fields could not read (vLLM's own parser, in `args_builder`, refuses them).
     """
 
-    env: Mapping[str, str] = field(repr=False)
-    values: Mapping[str, str] = field(repr=False)  # config/ only: the folded strings
-    sources: Mapping[str, str]
-    flags: Mapping[str, str] = field(repr=False)  # table name -> value from the variables (argv before VLLM_EXTRA_ARGS)
-    flag_sources: Mapping[str, str] = field(repr=False)
+    env: Mapping[str, str] = field(repr=False)  # what the user wrote (a step's variables applied): for `written`
+    sources: Mapping[str, str]  # table name -> the variable that set it (VLLM_EXTRA_ARGS when a flag there did)
+    options: tuple[Option, ...] = field(repr=False)  # vLLM's options the variables set, rendered before VLLM_EXTRA_ARGS
     fold_warnings: tuple[str, ...]
+    notices: tuple[str, ...]  # the environment's own warnings: official variables with no effect, look-alike names
+    secrets: tuple[str, ...] = field(repr=False)  # the credentials' values, masked in every sentence that quotes a value
     refusal: RefusedValue | None
     unreadable: Mapping[str, str]
     model: str | None
@@ -354,12 +348,16 @@ class LaunchProfile:
         name: str = "as configured",
         overrides: Mapping[str, str | None] | None = None,
     ) -> "LaunchProfile":
-        values, sources, flags, flag_sources, warnings, refusal = fold(env)
-        read = _Reader(values)
+        folded = fold(env)
+        values, sources = folded.values, folded.sources
+        read = Reader(values)
         concurrency, concurrency_refusal = _concurrency(env)
-        refusal = refusal or concurrency_refusal
+        refusal = folded.refusal or concurrency_refusal
         utilization = read.number("GPU_MEMORY_UTILIZATION")
-        kv_cache = explicit_kv_cache_size(env)
+        raw_extra = values.get(EXTRA_ARGS_NAME)
+        # Unbalanced quotes (args_builder refuses them): the words split on blanks, for what they name.
+        extra_words = folded.extra_words if folded.extra_words is not None else (raw_extra or "").split()
+        kv_cache = explicit_kv_cache_size(folded.written, extra_words)
         if refusal is None and kv_cache is None:
             refusal = _utilization_refusal(
                 utilization, values.get("GPU_MEMORY_UTILIZATION"), sources.get("GPU_MEMORY_UTILIZATION")
@@ -369,11 +367,11 @@ class LaunchProfile:
         offload = read.number("CPU_OFFLOAD_GB")
         profile = cls(
             env=dict(env),
-            values=values,
             sources=sources,
-            flags=flags,
-            flag_sources=flag_sources,
-            fold_warnings=tuple(warnings),
+            options=folded.options,
+            fold_warnings=tuple(folded.warnings),
+            notices=folded.notices,
+            secrets=folded.secrets,
             refusal=refusal,
             unreadable=read.unreadable,
             model=values.get("MODEL_NAME"),
@@ -387,7 +385,7 @@ class LaunchProfile:
             max_num_seqs=read.whole("MAX_NUM_SEQS"),
             max_num_batched_tokens=read.whole("MAX_NUM_BATCHED_TOKENS", human=True),
             max_model_len=values.get("MAX_MODEL_LEN"),
-            context_tokens=read.context(),
+            context_tokens=_context(read),
             enforce_eager=read.switch("ENFORCE_EAGER"),
             gpu_memory_utilization=utilization,
             kv_cache_dtype=values.get("KV_CACHE_DTYPE", "auto").lower(),
@@ -408,11 +406,11 @@ class LaunchProfile:
             data_parallel_size=max(read.whole("DATA_PARALLEL_SIZE") or 1, 1),
             trust_remote_code=read.switch("TRUST_REMOTE_CODE"),
             kv_cache=kv_cache,
-            kv_cache_cpu=explicit_kv_cache_size(env, cpu=True),
+            kv_cache_cpu=explicit_kv_cache_size(folded.written, extra_words, cpu=True),
             extra_args_flags=frozenset(
-                w[2:].split("=", 1)[0].replace("_", "-") for w in _extra_words(env) if w.startswith("--")
+                w[2:].split("=", 1)[0].replace("_", "-") for w in extra_words if w.startswith("--")
             ),
-            extra_args_words=_shell_split(values.get(EXTRA_ARGS_NAME)),
+            extra_args_words=None if folded.extra_words is None else tuple(folded.extra_words),
             config_file=next((v for v in CONFIG_FILE_VARIABLES if v in values), None),
             offline=next((v for v in _OFFLINE_VARIABLES if envs.bool_word(values.get(v)) is True), None),
             modelscope=envs.bool_word(values.get("VLLM_USE_MODELSCOPE")) is True,
@@ -435,9 +433,41 @@ class LaunchProfile:
         """The variable the user set for a knob (`REVISION` -> `MODEL_REVISION`); None when unset."""
         return self.sources.get(canonical(name))
 
-    def with_overrides(self, name: str, overrides: Mapping[str, str | None]) -> "LaunchProfile":
-        """The profile a ladder step launches: its overrides applied to this profile's variables."""
-        return LaunchProfile.parse(apply_overrides(self.env, overrides), name, overrides)
+    def changed(self, name: str, change: "ProfileChange", overrides: Mapping[str, str | None]) -> "LaunchProfile":
+        """The profile a ladder step launches: this one with the step's typed `change` made, named `name`,
+        `overrides` (the variables a user would write for the steps so far) as its record. Nothing is
+        parsed again: each knob the change sets takes its typed value, and vLLM's option its value, unless
+        a flag in VLLM_EXTRA_ARGS sets the knob (vLLM reads that flag last, so it still wins)."""
+        sources = dict(self.sources)
+        unreadable = dict(self.unreadable)
+        options = {option.name: option for option in self.options}
+        typed: dict[str, object] = {}
+        for variable, text in change.variables().items():
+            knob = canonical(variable)
+            if text is None:
+                options.pop(knob, None)
+            else:
+                options[knob] = Option(knob, text, variable, mask_text(text, self.secrets))
+            if text is None and variable != knob:
+                sources.pop(variable, None)  # the variable's own entry (MODEL_REVISION beside REVISION)
+            if sources.get(knob) == EXTRA_ARGS_NAME:
+                continue
+            unreadable.pop(knob, None)
+            if text is None:
+                sources.pop(knob, None)
+            else:
+                sources[knob] = variable
+            typed.update(change.fields_for(knob))
+        return replace(
+            self,
+            env=apply_overrides(self.env, change.variables()),
+            sources=sources,
+            options=_in_table_order(options.values()),
+            unreadable=unreadable,
+            name=name,
+            overrides=dict(overrides),
+            **typed,  # type: ignore[arg-type]
+        )
 
     @property
     def utilization(self) -> float:
@@ -454,22 +484,79 @@ class LaunchProfile:
         """The one MAX_NUM_SEQS default rule: the smallest multiple of 8 at least MAX_CONCURRENCY."""
         return multiple_of_8_at_least(max_concurrency)
 
-    def effective_max_num_seqs(self, max_concurrency: int | None = None) -> int:
-        """MAX_NUM_SEQS the engine runs with: the variable, else the worker's default for the concurrency
+    @property
+    def worker_max_num_seqs(self) -> int:
+        """The worker's own MAX_NUM_SEQS default for this profile's MAX_CONCURRENCY (the ladder's first memory step)."""
+        return self.default_max_num_seqs(self.max_concurrency)
+
+    def effective_max_num_seqs(self) -> int:
+        """MAX_NUM_SEQS the engine runs with: the variable, else the worker's default for MAX_CONCURRENCY
         (the one MAX_NUM_SEQS default rule: the smallest multiple of 8 at least MAX_CONCURRENCY)."""
         if self.max_num_seqs is not None:
             return self.max_num_seqs
-        return self.default_max_num_seqs(max_concurrency if max_concurrency is not None else self.max_concurrency)
+        return self.worker_max_num_seqs
 
-    def known_max_num_seqs(self, max_concurrency: int | None = None) -> int | None:
+    def known_max_num_seqs(self) -> int | None:
         """MAX_NUM_SEQS the engine runs with where the worker knows it: None where a config file passes it
         (the worker then passes no default of its own, so the file's value or vLLM's applies)."""
         if self.max_num_seqs is None and self.config_file is not None:
             return None
-        return self.effective_max_num_seqs(max_concurrency)
+        return self.effective_max_num_seqs()
 
     def kv_cache_for(self, cpu: bool) -> KvCacheSize | None:
         return self.kv_cache_cpu if cpu else self.kv_cache
+
+
+_REVISION_FIELDS = {"REVISION": "revision", "TOKENIZER_REVISION": "tokenizer_revision"}
+
+
+@dataclass(frozen=True)
+class ProfileChange:
+    """What one ladder step changes in a launch profile, typed: None (or empty) leaves a knob as it is.
+
+    max_num_seqs, enforce_eager, max_num_batched_tokens, tensor_parallel_size: the knob's new value;
+    context_auto: MAX_MODEL_LEN=auto (vLLM fits the longest context); unpinned: the revision variables
+    removed (MODEL_REVISION, REVISION, TOKENIZER_REVISION, CODE_REVISION), so the default branch is served.
+    """
+
+    max_num_seqs: int | None = None
+    enforce_eager: bool | None = None
+    max_num_batched_tokens: int | None = None
+    tensor_parallel_size: int | None = None
+    context_auto: bool = False
+    unpinned: tuple[str, ...] = ()
+
+    def variables(self) -> dict[str, str | None]:
+        """The change as the variables a user would write for it (None: the variable removed)."""
+        written: dict[str, str | None] = {}
+        if self.max_num_seqs is not None:
+            written["MAX_NUM_SEQS"] = str(self.max_num_seqs)
+        if self.enforce_eager is not None:
+            written["ENFORCE_EAGER"] = "true" if self.enforce_eager else "false"
+        if self.max_num_batched_tokens is not None:
+            written["MAX_NUM_BATCHED_TOKENS"] = str(self.max_num_batched_tokens)
+        if self.tensor_parallel_size is not None:
+            written["TENSOR_PARALLEL_SIZE"] = str(self.tensor_parallel_size)
+        if self.context_auto:
+            written["MAX_MODEL_LEN"] = "auto"
+        written.update({name: None for name in self.unpinned})
+        return written
+
+    def fields_for(self, knob: str) -> dict[str, object]:
+        """The profile's typed fields this change sets for one knob (its table name)."""
+        if knob == "MAX_NUM_SEQS":
+            return {"max_num_seqs": self.max_num_seqs}
+        if knob == "ENFORCE_EAGER":
+            return {"enforce_eager": self.enforce_eager}
+        if knob == "MAX_NUM_BATCHED_TOKENS":
+            return {"max_num_batched_tokens": self.max_num_batched_tokens}
+        if knob == "TENSOR_PARALLEL_SIZE":
+            return {"tensor_parallel_size": max(self.tensor_parallel_size or 1, 1)}
+        if knob == "MAX_MODEL_LEN":
+            return {"max_model_len": "auto", "context_tokens": -1}
+        if knob in _REVISION_FIELDS:
+            return {_REVISION_FIELDS[knob]: None}
+        return {}
 
 
 class _Parses:

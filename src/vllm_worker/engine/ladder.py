@@ -30,8 +30,8 @@ itself, within a hard budget of three launches in all:
   that could not be reached: one relaunch of the same configuration, then the answer,
   which tells the user how to get a fresh machine.
 
-`next_launch` is pure: it reads what happened so far and returns the overrides
-for the next launch or `Stop`. It derives which steps were used by replaying
+`next_launch` is pure: it reads what happened so far and returns the next step (its
+typed `ProfileChange` and the same as overrides) or `Stop`. It derives which steps were used by replaying
 itself over the earlier attempts. `Ladder` is the one driver around it: startup walks it
 after each failed launch, the monitor asks it for the next memory step after an
 out-of-memory death (so a step startup took is not taken twice), and the capacity plan
@@ -44,7 +44,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Mapping, Sequence
 
-from vllm_worker.config.profile import LaunchProfile
+from vllm_worker.config.profile import LaunchProfile, ProfileChange
 from vllm_worker.diagnosis.verdict import EAGER_MAX_BATCHED_TOKENS, TRANSIENT_KINDS, Diagnosis, Tried, changes_text
 
 MAX_LAUNCHES = 3
@@ -77,11 +77,12 @@ class Attempt:
 
 @dataclass(frozen=True)
 class Relaunch:
-    """Launch again with `overrides` applied to the user's environment.
+    """Launch again with `change` made to the profile that failed.
 
-    overrides: variable -> value, None = remove the variable; cumulative (they include
-    earlier relaunches' overrides), so applying them to the base env gives the next
-    launch's env. profile: "max_num_seqs=N", "eager", "revision_unpinned" or "same".
+    change: what this step changes, typed (`LaunchProfile.changed` makes it; none: the same again).
+    overrides: the same as the variables a user would write, variable -> value, None = removed;
+    cumulative (they include earlier relaunches' overrides): the record every response names.
+    profile: "max_num_seqs=N", "eager", "revision_unpinned" or "same".
     tried: what this relaunch changed, as data (a later failure's message names it). warnings:
     lines to log loudly. wait_for_memory: wait for device memory to be released first.
     """
@@ -93,6 +94,7 @@ class Relaunch:
     warnings: list[str] = field(default_factory=list)
     wait_for_memory: bool = False
     step: str = ""  # the ladder's step: "revision", "seqs", "eager", "held", "race", "transient", "context"; each once
+    change: ProfileChange = ProfileChange()
 
     @property
     def tried_phrase(self) -> str:
@@ -133,7 +135,6 @@ _SAME_AGAIN: dict[str, tuple[str, str, str, str]] = {
 def next_launch(
     base_env: Mapping[str, str],
     attempts: Sequence[Attempt],
-    max_concurrency: int,
     max_launches: int = MAX_LAUNCHES,
     *,
     device_total_bytes: int | None = None,
@@ -142,9 +143,7 @@ def next_launch(
     `Ladder` driven over them, for a caller that has the launches but no ladder."""
     if not attempts:
         raise ValueError("next_launch needs at least one failed attempt")
-    climb = Ladder(
-        LaunchProfile.parse(base_env), max_concurrency, device_total_bytes=device_total_bytes, max_launches=max_launches
-    )
+    climb = Ladder(LaunchProfile.parse(base_env), device_total_bytes=device_total_bytes, max_launches=max_launches)
     step: Relaunch | Stop = Stop("no attempt")
     for attempt in attempts:
         step = climb.after_failure(attempt.profile, attempt.diagnosis)
@@ -166,7 +165,6 @@ def _plan(
     launches: int,
     taken: Sequence[Relaunch],
     prior: Mapping[str, str | None],
-    max_concurrency: int,
     max_launches: int,
     device_total_bytes: int | None,
 ) -> Relaunch | Stop:
@@ -198,7 +196,7 @@ def _plan(
             fixed_by = kv.variable if kv is not None else diagnosis.facts.get("kv_cache_variable")
             if fixed_by:
                 return Stop(f"the KV cache size is fixed by {fixed_by}; fewer sequences or eager mode cannot make it hold more")
-        seqs = _seqs_step(profile, prior, max_concurrency) if "seqs" not in used else None
+        seqs = _seqs_step(profile, prior) if "seqs" not in used else None
         if seqs is not None:
             return seqs
         eager = _eager_step(profile, prior, device_total_bytes) if "eager" not in used else None
@@ -210,7 +208,8 @@ def _plan(
 
 def _revision_step(profile: LaunchProfile, prior: dict[str, str | None]) -> Relaunch:
     pinned = [name for name in REVISION_VARIABLES if profile.written(name) is not None]
-    overrides = {**prior, **{name: None for name in pinned}}
+    change = ProfileChange(unpinned=tuple(pinned))
+    overrides = {**prior, **change.variables()}
     if pinned:
         names = ", ".join(pinned)
         warnings = [
@@ -224,33 +223,35 @@ def _revision_step(profile: LaunchProfile, prior: dict[str, str | None]) -> Rela
         warnings = []
         tried = Tried(how="refetch")
         reason = "the revision vLLM resolved vanished during the download; relaunching to resolve it again"
-    return Relaunch(overrides, "revision_unpinned", reason, tried, warnings=warnings, step="revision")
+    return Relaunch(overrides, "revision_unpinned", reason, tried, warnings=warnings, step="revision", change=change)
 
 
-def _seqs_step(profile: LaunchProfile, prior: dict[str, str | None], max_concurrency: int) -> Relaunch | None:
-    target = LaunchProfile.default_max_num_seqs(max_concurrency)
-    current = profile.effective_max_num_seqs(max_concurrency)
+def _seqs_step(profile: LaunchProfile, prior: dict[str, str | None]) -> Relaunch | None:
+    target = profile.worker_max_num_seqs
+    current = profile.effective_max_num_seqs()
     if current <= target or "max-num-seqs" in profile.extra_args_flags:
         return None
+    change = ProfileChange(max_num_seqs=target)
     return Relaunch(
-        overrides={**prior, "MAX_NUM_SEQS": str(target)},
+        overrides={**prior, **change.variables()},
         profile=f"max_num_seqs={target}",
         reason=(
             f"out of memory with MAX_NUM_SEQS={current}; relaunching with MAX_NUM_SEQS={target} "
-            f"(enough for MAX_CONCURRENCY={max_concurrency}), CUDA graphs kept"
+            f"(enough for MAX_CONCURRENCY={profile.max_concurrency}), CUDA graphs kept"
         ),
-        tried=Tried({"MAX_NUM_SEQS": str(target)}),
+        tried=Tried(change.variables()),
         step="seqs",
+        change=change,
     )
 
 
 def _eager_step(profile: LaunchProfile, prior: dict[str, str | None], device_total_bytes: int | None) -> Relaunch | None:
     extra = profile.extra_args_flags
-    delta: dict[str, str] = {}
+    change = ProfileChange()
     warnings: list[str] = []
     eager = profile.enforce_eager
     if eager is not True and not extra & {"enforce-eager", "no-enforce-eager"}:
-        delta["ENFORCE_EAGER"] = "true"
+        change = replace(change, enforce_eager=True)
         if eager is False:
             warnings.append(
                 "ENFORCE_EAGER=false is OVERRIDDEN to true for this relaunch: the configuration does not fit "
@@ -264,7 +265,8 @@ def _eager_step(profile: LaunchProfile, prior: dict[str, str | None], device_tot
             # Unset, vLLM picks 2048 or 8192 unless the card has 160 GiB or more.
             cap = device_total_bytes is not None and device_total_bytes >= LARGEST_DEFAULT_BATCH_FROM_BYTES
         if cap:
-            delta["MAX_NUM_BATCHED_TOKENS"] = str(EAGER_MAX_BATCHED_TOKENS)
+            change = replace(change, max_num_batched_tokens=EAGER_MAX_BATCHED_TOKENS)
+    delta = change.variables()
     if not delta:
         return None
     changed = changes_text(delta)
@@ -278,6 +280,7 @@ def _eager_step(profile: LaunchProfile, prior: dict[str, str | None], device_tot
         tried=Tried(dict(delta)),
         warnings=warnings,
         step="eager",
+        change=change,
     )
 
 
@@ -335,14 +338,12 @@ class Ladder:
     def __init__(
         self,
         base: LaunchProfile,
-        max_concurrency: int,
         *,
         device_total_bytes: int | None = None,
         max_launches: int = MAX_LAUNCHES,
         memory_wait: bool = True,
     ) -> None:
         self.base = base
-        self.max_concurrency = max_concurrency
         self.device_total_bytes = device_total_bytes
         self.max_launches = max_launches
         self.memory_wait = memory_wait
@@ -364,8 +365,7 @@ class Ladder:
         self.launches.append(Launch(profile, self.step, diagnosis))
         prior = self.step.overrides if self.step is not None else {}
         step = _plan(
-            profile, diagnosis, len(self.launches), self.taken, prior,
-            self.max_concurrency, self.max_launches, self.device_total_bytes,
+            profile, diagnosis, len(self.launches), self.taken, prior, self.max_launches, self.device_total_bytes,
         )
         if isinstance(step, Stop):
             return step
@@ -381,7 +381,7 @@ class Ladder:
             return None
         prior = dict(self.step.overrides) if self.step is not None else {}
         serving = self.profile
-        step = _seqs_step(serving, prior, self.max_concurrency) or _eager_step(serving, prior, self.device_total_bytes)
+        step = _seqs_step(serving, prior) or _eager_step(serving, prior, self.device_total_bytes)
         if step is None:
             return None
         step = replace(step, overrides=overrides_against(self.base.env, step.overrides))
@@ -396,7 +396,7 @@ class Ladder:
             self.tried.append(step.tried)
         if step.profile != "same":
             self.step = step
-            self.profile = self.base.with_overrides(step.profile, step.overrides)
+            self.profile = self.profile.changed(step.profile, step.change, step.overrides)
 
     def notice(self) -> dict[str, object] | None:
         """The degraded profile every response names (the handler's `worker` object); None as configured."""

@@ -257,9 +257,7 @@ def start_engine(
     """
     if launcher is None:
         launcher = Launcher(settings, supervisor, wait_for_memory)
-    climb = ladder.Ladder(
-        base, base.max_concurrency, device_total_bytes=device_total_bytes, memory_wait=wait_for_memory is not None
-    )
+    climb = ladder.Ladder(base, device_total_bytes=device_total_bytes, memory_wait=wait_for_memory is not None)
     outcome = StartupOutcome(
         base_env=dict(base.env), launcher=launcher, device_total_bytes=device_total_bytes, climb=climb
     )
