@@ -27,5 +27,11 @@ printf 'image: building %s on %s\n' "$IMAGE" "$base" >&2
 DOCKER_BUILDKIT=1 "$DOCKER" build --network host --progress plain \
     --build-arg BASE_IMAGE="$base" --tag "$IMAGE" "$@" . >&2
 printf 'image: built %s in %d s\n' "$IMAGE" "$((SECONDS - began))" >&2
-printf 'image %s is ready; run it with: DOCKER_HOST=%s docker run --rm --network host %s\n' \
+# The engine's data root outlives the run: drop what no tag needs any more (earlier builds of the
+# worker image, bases of earlier recipes), so the cache does not grow with every build.
+"$DOCKER" image ls --format '{{.Repository}}:{{.Tag}}' vllm-worker-base | grep -vxF "$base" \
+    | xargs -r "$DOCKER" rmi >/dev/null 2>&1 || true
+"$DOCKER" image prune -f >/dev/null 2>&1 || true
+# --shm-size: Docker's default /dev/shm (64 MiB) is too small for vLLM's engine.
+printf 'image %s is ready; run it with: DOCKER_HOST=%s docker run --rm --network host --shm-size 1g %s\n' \
     "$IMAGE" "$DOCKER_HOST" "$IMAGE"
