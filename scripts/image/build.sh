@@ -29,8 +29,10 @@ DOCKER_BUILDKIT=1 "$DOCKER" build --network host --progress plain \
 printf 'image: built %s in %d s\n' "$IMAGE" "$((SECONDS - began))" >&2
 # The engine's data root outlives the run: drop what no tag needs any more (earlier builds of the
 # worker image, bases of earlier recipes), so the cache does not grow with every build.
-"$DOCKER" image ls --format '{{.Repository}}:{{.Tag}}' vllm-worker-base | grep -vxF "$base" \
-    | xargs -r "$DOCKER" rmi >/dev/null 2>&1 || true
+if [[ -z "${BASE_IMAGE:-}" ]]; then
+    "$DOCKER" image ls --format '{{.Repository}}:{{.Tag}}' vllm-worker-base | grep -E ':[0-9a-f]{16}$' | grep -vxF "$base" \
+        | xargs -r "$DOCKER" rmi >/dev/null 2>&1 || true
+fi
 "$DOCKER" image prune -f >/dev/null 2>&1 || true
 # --shm-size: Docker's default /dev/shm (64 MiB) is too small for vLLM's engine.
 printf 'image %s is ready; run it with: DOCKER_HOST=%s docker run --rm --network host --shm-size 1g %s\n' \
