@@ -5,7 +5,7 @@ changes the profile's typed fields (`LaunchProfile.changed`); this module only r
 model and the worker's own flags, each of its `options` as the argument(s) vLLM's parser takes (checked
 as vLLM would check them, by `args_builder`'s table and `flag_messages`), the worker's MAX_NUM_SEQS
 default (the profile's one rule), then VLLM_EXTRA_ARGS (`extra_args_words`) last, so its flags win.
-It reads no variable: the profile's fields are the whole input.
+It takes no environment: the profile is the whole input.
 """
 
 from __future__ import annotations

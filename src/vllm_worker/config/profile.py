@@ -264,8 +264,8 @@ def _utilization_refusal(value: float | None, text: str | None, variable: str | 
     option = OPTIONS["GPU_MEMORY_UTILIZATION"]
     accepted = flag_messages.problem(option, [text])  # vLLM's own range: above 0, at most 1
     if accepted is not None:
-        return RefusedValue(shown, text, f"{option['flag']} takes {accepted}",
-                            message=flag_messages.invalid_value(shown, text, option["flag"], accepted))
+        message = flag_messages.invalid_value(shown, text, option["flag"], accepted)
+        return RefusedValue(shown, text, f"{option['flag']} takes {accepted}", message=message)
     if value is not None and value >= UTILIZATION_CEILING:
         return RefusedValue(
             shown, text, "",
@@ -358,6 +358,7 @@ class LaunchProfile:
         # Unbalanced quotes (args_builder refuses them): the words split on blanks, for what they name.
         extra_words = folded.extra_words if folded.extra_words is not None else (raw_extra or "").split()
         kv_cache = explicit_kv_cache_size(folded.written, extra_words)
+        kv_cache_cpu = explicit_kv_cache_size(folded.written, extra_words, cpu=True)
         if refusal is None and kv_cache is None:
             refusal = _utilization_refusal(
                 utilization, values.get("GPU_MEMORY_UTILIZATION"), sources.get("GPU_MEMORY_UTILIZATION")
@@ -406,7 +407,7 @@ class LaunchProfile:
             data_parallel_size=max(read.whole("DATA_PARALLEL_SIZE") or 1, 1),
             trust_remote_code=read.switch("TRUST_REMOTE_CODE"),
             kv_cache=kv_cache,
-            kv_cache_cpu=explicit_kv_cache_size(folded.written, extra_words, cpu=True),
+            kv_cache_cpu=kv_cache_cpu,
             extra_args_flags=frozenset(
                 w[2:].split("=", 1)[0].replace("_", "-") for w in extra_words if w.startswith("--")
             ),

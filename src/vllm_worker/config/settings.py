@@ -205,9 +205,9 @@ def load(env: Mapping[str, str]) -> Settings:
             "or unset for up to the end of the context",
         ),
         hang_timeout=read_setting(env, "ENGINE_HANG_TIMEOUT", 60.0, _positive_seconds, seconds),
-        vllm_command_set=value(env, "VLLM_COMMAND") is not None,
         base_path=read_setting(env, "BASE_PATH", "/runpod-volume", _absolute_path, "an absolute path such as /runpod-volume"),
         drain_timeout=read_setting(env, "DRAIN_TIMEOUT", 3.0, _seconds_or_zero, "a number of seconds, 0 or more"),
         refresh_limit=read_setting(env, "WORKER_REFRESH_LIMIT", 3, whole_in(0, 1000), "a whole number from 0 to 1000"),
         adaptive_concurrency=read_setting(env, "ADAPTIVE_CONCURRENCY", True, _bool, "true or false (also 1/0, yes/no, on/off)"),
+        vllm_command_set=value(env, "VLLM_COMMAND") is not None,
     )
