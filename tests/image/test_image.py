@@ -152,7 +152,8 @@ def serving(docker: Engine, image: str, volume: Path) -> Iterator[Serving]:
 
 def test_the_worker_is_pid_1_and_runs_the_images_own_vllm_serve(serving: Serving) -> None:
     procs = {p["pid"]: p for p in serving.container.processes()}
-    assert "/opt/worker/bin/vllm-worker run" in procs[1]["cmd"], procs[1]
+    # The worker itself, not a shell or wrapper around it: PID 1 is what receives the runtime's SIGTERM.
+    assert re.fullmatch(r"/opt/worker/bin/python3?(\.\d+)? /opt/worker/bin/vllm-worker run", procs[1]["cmd"]), procs[1]
     [engine] = engines(serving.container)
     # `vllm` from the base's PATH, run by the base's system Python (not the worker's venv).
     assert re.search(r"^/usr/bin/python3\S* /usr/local/bin/vllm serve ", engine["cmd"]), engine["cmd"]
