@@ -16,7 +16,7 @@ never to decide on it (tests/unit/test_structure.py).
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Iterable, Mapping, Sequence
+from typing import Iterable, Mapping, Sequence, TypeVar
 
 from vllm_worker.config import args_builder, flag_messages, official_worker
 from vllm_worker.config import env as envs
@@ -44,6 +44,7 @@ TOKEN_VARIABLES = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
 CONFIG_FILE_VARIABLES = ("VLLM_CONFIG_FILE", "MODEL_CONFIG")
 
 env_value = envs.value
+T = TypeVar("T")
 
 
 # --- VLLM_EXTRA_ARGS and vLLM's second spellings, folded once ---------------------------------
@@ -439,35 +440,40 @@ class LaunchProfile:
         `overrides` (the variables a user would write for the steps so far) as its record. Nothing is
         parsed again: each knob the change sets takes its typed value, and vLLM's option its value, unless
         a flag in VLLM_EXTRA_ARGS sets the knob (vLLM reads that flag last, so it still wins)."""
-        sources = dict(self.sources)
-        unreadable = dict(self.unreadable)
+        variables = change.variables()
+        takes = {knob for knob in map(canonical, variables) if self.sources.get(knob) != EXTRA_ARGS_NAME}
+
+        def step(knob: str, value: T | None, current: T) -> T:
+            return value if value is not None and knob in takes else current
+
         options = {option.name: option for option in self.options}
-        typed: dict[str, object] = {}
-        for variable, text in change.variables().items():
+        sources = {key: source for key, source in self.sources.items() if key not in variables and key not in takes}
+        for variable, text in variables.items():
             knob = canonical(variable)
             if text is None:
                 options.pop(knob, None)
             else:
                 options[knob] = Option(knob, text, variable, mask_text(text, self.secrets))
-            if text is None and variable != knob:
-                sources.pop(variable, None)  # the variable's own entry (MODEL_REVISION beside REVISION)
-            if sources.get(knob) == EXTRA_ARGS_NAME:
-                continue
-            unreadable.pop(knob, None)
-            if text is None:
-                sources.pop(knob, None)
-            else:
+            if knob not in takes:
+                sources[knob] = self.sources[knob]
+            elif text is not None:
                 sources[knob] = variable
-            typed.update(change.fields_for(knob))
         return replace(
             self,
-            env=apply_overrides(self.env, change.variables()),
+            env=apply_overrides(self.env, variables),
             sources=sources,
             options=_in_table_order(options.values()),
-            unreadable=unreadable,
+            unreadable={knob: text for knob, text in self.unreadable.items() if knob not in takes},
             name=name,
             overrides=dict(overrides),
-            **typed,  # type: ignore[arg-type]
+            max_num_seqs=step("MAX_NUM_SEQS", change.max_num_seqs, self.max_num_seqs),
+            enforce_eager=step("ENFORCE_EAGER", change.enforce_eager, self.enforce_eager),
+            max_num_batched_tokens=step("MAX_NUM_BATCHED_TOKENS", change.max_num_batched_tokens, self.max_num_batched_tokens),
+            tensor_parallel_size=step("TENSOR_PARALLEL_SIZE", change.tensor_parallel_size, self.tensor_parallel_size),
+            max_model_len="auto" if "MAX_MODEL_LEN" in takes else self.max_model_len,  # only ever to auto
+            context_tokens=-1 if "MAX_MODEL_LEN" in takes else self.context_tokens,
+            revision=None if "REVISION" in takes else self.revision,  # only ever unpinned
+            tokenizer_revision=None if "TOKENIZER_REVISION" in takes else self.tokenizer_revision,
         )
 
     @property
@@ -508,9 +514,6 @@ class LaunchProfile:
         return self.kv_cache_cpu if cpu else self.kv_cache
 
 
-_REVISION_FIELDS = {"REVISION": "revision", "TOKENIZER_REVISION": "tokenizer_revision"}
-
-
 @dataclass(frozen=True)
 class ProfileChange:
     """What one ladder step changes in a launch profile, typed: None (or empty) leaves a knob as it is.
@@ -542,22 +545,6 @@ class ProfileChange:
             written["MAX_MODEL_LEN"] = "auto"
         written.update({name: None for name in self.unpinned})
         return written
-
-    def fields_for(self, knob: str) -> dict[str, object]:
-        """The profile's typed fields this change sets for one knob (its table name)."""
-        if knob == "MAX_NUM_SEQS":
-            return {"max_num_seqs": self.max_num_seqs}
-        if knob == "ENFORCE_EAGER":
-            return {"enforce_eager": self.enforce_eager}
-        if knob == "MAX_NUM_BATCHED_TOKENS":
-            return {"max_num_batched_tokens": self.max_num_batched_tokens}
-        if knob == "TENSOR_PARALLEL_SIZE":
-            return {"tensor_parallel_size": max(self.tensor_parallel_size or 1, 1)}
-        if knob == "MAX_MODEL_LEN":
-            return {"max_model_len": "auto", "context_tokens": -1}
-        if knob in _REVISION_FIELDS:
-            return {_REVISION_FIELDS[knob]: None}
-        return {}
 
 
 class _Parses:
