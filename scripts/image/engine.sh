@@ -83,7 +83,12 @@ stop() {
     DOCKER_HOST="unix://$SOCK" "$DOCKER" ps -q | xargs -r env DOCKER_HOST="unix://$SOCK" "$DOCKER" rm -f >/dev/null 2>&1 || true
     kill -TERM "$pid"
     for _ in $(seq 1 60); do
-        kill -0 "$pid" 2>/dev/null || { say "stopped"; return; }
+        if ! kill -0 "$pid" 2>/dev/null; then
+            # dockerd leaves its default network namespace mounted.
+            mountpoint -q "$RUN_DIR/exec/netns/default" 2>/dev/null && umount "$RUN_DIR/exec/netns/default"
+            say "stopped"
+            return
+        fi
         sleep 0.5
     done
     kill -KILL "$pid" 2>/dev/null || true
