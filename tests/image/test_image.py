@@ -229,6 +229,7 @@ def test_docker_stop_with_two_jobs_in_flight_drains_answers_both_and_the_contain
     state = container.state()
     results = [cp.results_posted(job) for job in jobs]
     log = container.logs()
+    print("\n".join(line for line in log.splitlines()[-300:] if "vllm_worker:" in line))  # the stop's timeline, for -s
 
     assert state["Running"] is False and state["OOMKilled"] is False
     # 0: the worker exited by itself within the grace; the runtime's SIGKILL would read 137.
