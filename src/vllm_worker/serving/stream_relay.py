@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-import time
-from typing import AsyncIterator, Callable
+from typing import AsyncGenerator, Callable
 
 import aiohttp
 
@@ -35,8 +34,12 @@ _EVENT = re.compile(r".*?(?:\r\n\r\n|\n\n)", re.S)
 
 
 def split_events(text: str) -> list[str]:
-    """Split text made of complete SSE events into single events, each with its terminator."""
-    return _EVENT.findall(text)
+    """Split text made of complete SSE events into single events, each with its terminator (vLLM ends
+    each with a blank line, no CR: that case is a plain split)."""
+    if "\r" in text:
+        return _EVENT.findall(text)
+    parts = text.split("\n\n")
+    return [part + "\n\n" for part in parts[:-1]]
 
 
 class SSEFramer:
@@ -86,38 +89,54 @@ def event_data(event: str) -> str:
 
 async def coalesced(
     content: aiohttp.StreamReader, every: float, on_end: Callable[[], None] | None = None
-) -> AsyncIterator[bytes]:
+) -> AsyncGenerator[bytes, None]:
     """The engine's stream as it arrives, joined so that each piece follows the one before at least `every`
     seconds later (the first at once). It is read as it comes, so a stream that ends is given at once and
     one that breaks gives what it sent before the error is raised (aiohttp raises it before handing over
-    data it still holds). `on_end` is called when the stream has ended, before its last piece is given."""
+    data it still holds). `on_end` is called when the stream has ended, before its last piece is given.
+
+    The pause before a piece is told from the request's own timeout by what timed out, never by a clock:
+    while something is pending, the read runs as a task of its own and the pause is a wait on it that
+    leaves it running. The wait ending with the read unfinished means the pause is over; the request's
+    timeout (aiohttp's, armed around the read) can only come out of the read itself. Times are the loop's
+    own clock (`loop.time()`: libuv's millisecond clock under uvloop, which the local API runs on).
+    """
+    loop = asyncio.get_running_loop()
     pending = b""
     due = 0.0
-    while True:
-        try:
-            if pending:
-                left = due - time.monotonic()
-                if left <= 0:
-                    due = time.monotonic() + every
-                    piece, pending = pending, b""
-                    yield piece
-                    continue
-                try:
-                    data = await asyncio.wait_for(content.readany(), left)
-                except asyncio.TimeoutError:
-                    if time.monotonic() < due:  # not this wait's: the request's own timeout
-                        raise
-                    continue
-            else:
-                data = await content.readany()
-        except Exception:
-            if pending:
-                yield pending
-            raise
-        if not data:
-            if on_end is not None:
-                on_end()
-            if pending:
-                yield pending
-            return
-        pending += data
+    read: asyncio.Task[bytes] | None = None
+    try:
+        while True:
+            try:
+                if pending:
+                    if read is None:
+                        read = loop.create_task(content.readany())
+                    left = due - loop.time()
+                    if left > 0:
+                        await asyncio.wait((read,), timeout=left)
+                    if not read.done():  # the pause is over and nothing more came: give what is pending
+                        due = loop.time() + every
+                        piece, pending = pending, b""
+                        yield piece
+                        continue
+                    task, read = read, None
+                    data = task.result()
+                elif read is not None:
+                    task, read = read, None
+                    data = await task
+                else:
+                    data = await content.readany()
+            except Exception:
+                if pending:
+                    yield pending
+                raise
+            if not data:
+                if on_end is not None:
+                    on_end()
+                if pending:
+                    yield pending
+                return
+            pending += data
+    finally:
+        if read is not None and not read.done():
+            read.cancel()
