@@ -17,7 +17,7 @@ from aiohttp import web
 
 from tests.integration.test_engine_death import DEATH, on_death_wait, run_handler, serve
 from vllm_worker.serving import continuation
-from vllm_worker.serving.state import WorkerState
+from vllm_worker.serving.state import Death, WorkerState
 
 PROMPT_IDS = [1, 2, 3]
 
@@ -75,7 +75,7 @@ async def cut_and_relaunched(
 
     async def main_notices_and_relaunches() -> None:
         await entered.wait()
-        state.record_death(DEATH)
+        state.record_death(Death(DEATH, "engine_died"))
         await asyncio.sleep(0.3)
         state.mark_ready()
 
@@ -119,7 +119,7 @@ async def test_a_stream_cut_before_its_first_event_is_sent_again_whole_and_says_
     # The client had been sent nothing: the whole stream is the relaunched engine's, named as a continuation.
     [comment] = [line for line in text.splitlines() if line.startswith(": worker ")]
     assert text.startswith(comment + "\n\n")
-    assert json.loads(comment[len(": worker "):])["continued"] == {"tokens_kept": 0, "after": continuation.last_cause(state.status)}
+    assert json.loads(comment[len(": worker "):])["continued"] == {"tokens_kept": 0, "after": "engine_died"}
     data = [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: {")]
     assert [c["choices"][0]["text"] for c in data if c["choices"]] == [" c", " d"]
     assert text.count("data: [DONE]") == 1
@@ -138,7 +138,7 @@ async def test_a_seeded_stream_cut_by_a_death_is_answered_with_why(monkeypatch: 
 
     async def main_notices() -> None:
         await entered.wait()
-        state.record_death(DEATH)
+        state.record_death(Death(DEATH, "engine_died"))
 
     job = {"openai_route": "/v1/completions", "openai_input": {"prompt": "x", "max_tokens": 4, "seed": 3, "stream": True}}
     try:
@@ -161,7 +161,7 @@ async def test_a_job_cancelled_while_it_waits_for_the_relaunch_stays_cancelled(m
     task = asyncio.create_task(run_handler(state, job))
     try:
         await entered.wait()
-        state.record_death(DEATH)
+        state.record_death(Death(DEATH, "engine_died"))
         while state.continuations()["continued"] == 0:  # held for the relaunch
             await asyncio.sleep(0.01)
         task.cancel()

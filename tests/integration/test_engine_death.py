@@ -41,10 +41,10 @@ from vllm_worker.diagnosis.verdict import Failure
 from vllm_worker.engine import gpu_memory
 from vllm_worker.engine import ladder
 from vllm_worker.diagnosis import startup_errors
-from vllm_worker.serving import fresh_machine
+from vllm_worker.serving import answers, fresh_machine
 from vllm_worker.serving import handler as handler_module
 from vllm_worker.serving import continuation
-from vllm_worker.serving.state import WorkerState
+from vllm_worker.serving.state import Death, WorkerState
 
 pytestmark = pytest.mark.integration
 
@@ -419,7 +419,7 @@ async def test_a_stream_cut_by_a_dead_engine_core_ends_with_the_death_sentence(m
 
     async def main_notices() -> None:
         await entered.wait()
-        state.record_death(DEATH)
+        state.record_death(Death(DEATH, "engine_died"))
 
     try:
         parts, _ = await asyncio.gather(
@@ -444,7 +444,7 @@ async def test_a_request_that_never_reached_the_engine_goes_to_the_restarted_one
 
     async def main_restarts() -> None:
         await entered.wait()
-        state.record_death(DEATH)
+        state.record_death(Death(DEATH, "engine_died"))
         runner, _ = await serve(chat_routes(), port)
         runners.append(runner)
         state.mark_ready()
@@ -461,4 +461,4 @@ async def test_a_dropped_connection_without_a_death_keeps_its_own_sentence() -> 
     state = WorkerState(served_model_name="m", port=free_port())
     state.mark_ready()
     [answer] = await run_handler(state, {"messages": MESSAGES})
-    assert answer == {"error": handler_module.unreachable_sentence("127.0.0.1", state.port, "connection refused")}
+    assert answer == {"error": answers.unreachable_sentence("127.0.0.1", state.port, "connection refused")}

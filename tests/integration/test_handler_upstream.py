@@ -18,11 +18,12 @@ import pytest
 from aiohttp import web
 
 from vllm_worker.serving import handler as handler_module
-from vllm_worker.serving import stream_relay
+from vllm_worker.serving import exchange, stream_relay
 from vllm_worker.serving.handler import close_session, configure, handler
 from vllm_worker.serving.state import WorkerState
 from vllm_worker.serving.stream_relay import split_events
 
+BOTH_LOOPS = True  # tests/integration/conftest.py: asyncio (the job loop) and uvloop (the local API)
 SERVED = "org/served-model"
 
 STREAM_EVENTS = [
@@ -292,7 +293,7 @@ async def test_what_came_before_a_pause_in_the_stream_is_posted_within_the_inter
 async def test_a_stream_that_has_ended_is_posted_without_waiting(upstream: Upstream, monkeypatch: pytest.MonkeyPatch) -> None:
     """Once vLLM's stream has ended, what is left is posted at once: the interval paces a stream still
     coming, it never holds back the end of a job."""
-    monkeypatch.setattr(handler_module, "STREAM_POST_EVERY_S", 3.0)  # the name the handler reads
+    monkeypatch.setattr(exchange, "STREAM_POST_EVERY_S", 3.0)  # the name the relay reads
     configure(_state(upstream.port))
     loop = asyncio.get_running_loop()
     posts = [chunk async for chunk in handler({"id": "job-1", "input": _chat("paced", stream=True)})]

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from vllm_worker.serving import continuation
-from vllm_worker.serving.continuation import StreamLedger, continuation_body, refusal, why_not
+from vllm_worker.serving.continuation import StreamLedger, continuation_body, refusal
 
 PROMPT_IDS = [1, 15043, 3186]
 
@@ -94,22 +94,6 @@ def test_every_reason_reads_as_a_clause_after_the_death() -> None:
         sentence = continuation.not_continued_sentence(death, reason)
         assert sentence.startswith(death + " It was not continued on the restarted engine: ")
         assert sentence.endswith(".") and not sentence.endswith("..")
-
-
-@pytest.mark.parametrize(
-    ("args", "expected"),
-    [
-        ((True, False, 0, 1.0, 600.0, True, None, None), "stopping"),
-        ((False, True, 0, 1.0, 600.0, True, None, None), "spent"),
-        ((False, False, 1, 1.0, 600.0, False, None, None), "again"),
-        ((False, False, 0, 600.0, 600.0, False, None, None), "timeout"),
-        ((False, False, 0, 1.0, 600.0, False, None, None), None),  # a plain job is sent again whole
-        ((False, False, 0, 1.0, 600.0, True, "seed", None), "seed"),
-        ((False, False, 0, 1.0, 600.0, True, None, None), "unknown"),
-    ],
-)
-def test_why_a_running_job_is_answered_rather_than_continued(args: tuple[Any, ...], expected: str | None) -> None:
-    assert why_not(*args) == expected
 
 
 # --------------------------------------------------------------------------- the ledger

@@ -7,7 +7,9 @@ import json
 
 import pytest
 
-from vllm_worker.serving.handler import InputError, answered_error_sentence, error_sentence_from_response, is_status_request, normalize_input, status_report, stream_error, timeout_sentence, unreachable_sentence
+from vllm_worker.serving.answers import answered_error_sentence, error_sentence_from_response, stream_error, timeout_sentence, unreachable_sentence
+from vllm_worker.serving.handler import status_report
+from vllm_worker.serving.job_input import InputError, is_status_request, normalize_input
 from vllm_worker.serving.state import WorkerState
 from vllm_worker.serving.job_input import ALLOWED_ROUTES, EngineRequest
 from vllm_worker.serving.job_input import (

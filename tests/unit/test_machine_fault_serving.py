@@ -139,7 +139,7 @@ class _Launcher:
         self.told: list[str | None] = []  # what running jobs had been told when each restart began
 
     def attempt(self, profile, record=None, tried=()):  # type: ignore[no-untyped-def]
-        self.told.append(self.state.death)
+        self.told.append(self.state.death.sentence if self.state.death is not None else None)
         self.count += 1
         record = {"launch": self.count, **(record or {})}
         if self.start_failure is not None:
@@ -193,7 +193,8 @@ def test_an_nccl_death_restarts_once_in_place_then_asks_for_a_fresh_worker(tmp_p
     final = runtime.machine_fault_answer(_serving(), ["host_fault"])
     assert final is not None
     assert asks == [final]
-    assert state.fatal == state.death == fresh_machine.decide(final, "host_fault", 0, 3, str(tmp_path)).sentence
+    assert state.death is not None and not state.death.restarted
+    assert state.fatal == state.death.sentence == fresh_machine.decide(final, "host_fault", 0, 3, str(tmp_path)).sentence
     assert "1 of at most 3 within an hour" in state.fatal and "NCCL" in state.fatal
     assert [entry["cause"] for entry in _ledger(tmp_path)] == ["host_fault"]
     assert state.deaths == 2 and state.status["causes"] == ["host_fault", "host_fault"]

@@ -20,7 +20,7 @@ from vllm_worker.engine.launcher import Attempt
 from vllm_worker.engine.monitor import EngineMonitor
 from vllm_worker.engine.ladder import Ladder
 from vllm_worker.config.profile import LaunchProfile
-from vllm_worker.serving.state import WorkerState
+from vllm_worker.serving.state import Death, WorkerState
 from vllm_worker.engine.ladder import MAX_RESTARTS, RESTART_WINDOW_S, restart_allowed, restart_budget_phrase
 from vllm_worker.diagnosis.runtime import ENGINE_DEAD_TEXT, RUNTIME_KINDS, SERVING_MARKER, runtime_failure
 
@@ -248,9 +248,11 @@ def test_in_flight_jobs_are_told_the_cause_and_that_the_engine_restarts() -> Non
     state, launcher = _death_told_by_the_monitor(died_serving("ValueError: boom"), -9, env)
     # Running jobs read `death` once `deaths` moves; new ones wait for `ready`.
     assert state.deaths == 1 and not state.ready.is_set()
-    assert state.death == (
+    assert state.death == Death(
         "The engine was killed by signal 9 (SIGKILL) while serving requests; its last error was: ValueError: boom. "
-        "The worker is restarting the engine with the same settings; retry the request."
+        "The worker is restarting the engine with the same settings; retry the request.",
+        "engine_died",
+        restarted=True,
     )
     assert len(launcher.profiles) == 1 and state.status["causes"] == ["engine_died"]
 
@@ -260,6 +262,6 @@ def test_after_an_out_of_memory_death_in_flight_jobs_are_told_the_ladders_next_s
     state, launcher = _death_told_by_the_monitor(GPU_OOM_SERVING, 1, env)
     assert state.deaths == 1 and state.death is not None
     cause = runtime_failure(Failure.of(GPU_OOM_SERVING, env=env, exit_code=1)).message
-    assert state.death == f"{cause} The worker is restarting the engine with MAX_NUM_SEQS=32; retry the request."
-    assert "same settings" not in state.death and "\n" not in state.death
+    assert state.death == Death(f"{cause} The worker is restarting the engine with MAX_NUM_SEQS=32; retry the request.", "runtime_oom")
+    assert "same settings" not in state.death.sentence and "\n" not in state.death.sentence
     assert state.status["causes"] == ["runtime_oom"] and state.status["profile"] != "as configured"

@@ -34,7 +34,7 @@ from vllm_worker.diagnosis.verdict import Failure
 from vllm_worker.engine import ladder
 from vllm_worker.engine.launcher import Launcher, MemoryWait, Supervisor, WorkerStopping
 from vllm_worker.engine.process import HEALTH_REQUEST_TIMEOUT, Engine, health_status, health_url
-from vllm_worker.serving.state import WorkerState
+from vllm_worker.serving.state import Death, WorkerState
 
 log = logging.getLogger("vllm_worker")
 
@@ -56,7 +56,8 @@ class EngineMonitor:
     """Watches the serving engine; when it dies or hangs, ends the running jobs and relaunches it in place.
 
     Runs in its own thread beside the runpod job loop and talks to the handler only through
-    `WorkerState`: `record_death` (running jobs end, new ones wait), `mark_ready`, `fatal`, `status`.
+    `WorkerState`: `record_death` (a typed `Death`: running jobs end or are continued, new ones wait),
+    `mark_ready`, `fatal`, and `status` for the status job to print.
     """
 
     def __init__(
@@ -156,7 +157,7 @@ class EngineMonitor:
         self.causes.append(diagnosis.kind)
         if not allowed:
             self.state.fatal = sentence  # before the death: jobs waiting for readiness read it
-        self.state.record_death(sentence)
+        self.state.record_death(Death(sentence, diagnosis.kind, restarted=allowed))
         # A 503 engine still holds its connections and memory; a crashed one may have left processes
         # behind; a hung one never handles SIGTERM.
         if how == "hung":

@@ -32,6 +32,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from vllm_worker.serving.stream_relay import event_data, split_events
+
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 ROUTES = frozenset({CHAT, COMPLETIONS})
@@ -115,12 +117,6 @@ def for_stream(path: str, body: dict[str, Any] | None) -> tuple[str | None, "Str
     return refused, (StreamLedger(path == CHAT, bool(body.get("return_token_ids"))) if refused is None else None)
 
 
-def last_cause(status: dict[str, Any]) -> str:
-    """The cause the monitor published for the last death or hang (the `after` of a continuation's notice)."""
-    causes = status.get("causes")
-    return str(causes[-1]) if isinstance(causes, list) and causes else "engine_died"
-
-
 def asking_for_ids(body: dict[str, Any]) -> dict[str, Any]:
     """The body sent to the engine for a streamed job that could be continued: with the token ids."""
     if body.get("return_token_ids"):
@@ -132,29 +128,12 @@ _PROMPT_IDS = re.compile(r'"prompt_token_ids":\[([0-9,\s]*)\]')
 _TOKEN_IDS = re.compile(r'"token_ids":\[([0-9,\s]*)\]')
 
 
-_EVENT = re.compile(r".*?(?:\r\n\r\n|\n\n)", re.S)
-
-
-def split(batch: str) -> list[str]:
-    """Whole SSE events, each with its terminator (vLLM ends each with a blank line, no CR)."""
-    if "\r" in batch:
-        return _EVENT.findall(batch)
-    parts = batch.split("\n\n")
-    return [part + "\n\n" for part in parts[:-1]]
-
-
 def _ids(text: str) -> list[int]:
     return [int(part) for part in text.split(",") if part.strip()]
 
 
 def _dump(payload: Any) -> str:
     return "data: " + json.dumps(payload, ensure_ascii=False, separators=(",", ":")) + "\n\n"
-
-
-def _data(event: str) -> str | None:
-    lines = [line[5:].lstrip(" ") if line.startswith("data:") else None for line in event.splitlines()]
-    data = [line for line in lines if line is not None]
-    return "\n".join(data) if data else None
 
 
 def _usage_with(usage: Any, prompt_tokens: int, kept: int) -> Any:
@@ -204,9 +183,9 @@ class StreamLedger:
             self.events += 1
             return batch  # nothing to read or hide (an engine that names no ids)
         out: list[str] = []
-        for event in split(batch):
+        for event in split_events(batch):
             if self.stream_id is None or (self.chat and ('"reasoning' in event or '"tool_calls"' in event)):
-                data = _data(event)
+                data = event_data(event)
                 try:
                     payload = json.loads(data) if data and data != "[DONE]" else None
                 except ValueError:
@@ -250,9 +229,9 @@ class StreamLedger:
     def second(self, batch: str) -> str:
         """The client's text for the continuation's `batch` (whole SSE events)."""
         out: list[str] = []
-        for event in split(batch):
-            data = _data(event)
-            if data is None or data == "[DONE]":
+        for event in split_events(batch):
+            data = event_data(event)
+            if not data or data == "[DONE]":
                 out.append(event)
                 continue
             try:
@@ -383,34 +362,3 @@ def notice(kept: int, cause: str, profile: dict[str, Any] | None) -> dict[str, A
 def notice_comment(kept: int, cause: str, profile: dict[str, Any] | None) -> str:
     """The `: worker` SSE comment a continued stream carries before the continuation's events."""
     return ": worker " + json.dumps(notice(kept, cause, profile)) + "\n\n"
-
-
-def why_not(
-    stopping: bool,
-    spent: bool,
-    resent: int,
-    elapsed: float,
-    request_timeout: float,
-    stream: bool,
-    refused: str | None,
-    ledger: StreamLedger | None,
-) -> str | None:
-    """Why a job running at a death is answered rather than continued (a REASONS key), or None.
-
-    stopping: the platform stops the worker; spent: the engine is not restarted; resent: the job was
-    continued already; refused: `refusal` of a streamed job's request; ledger: what its client
-    was sent (None for a plain job, which is sent again whole).
-    """
-    if stopping:
-        return "stopping"
-    if spent:
-        return "spent"
-    if resent:
-        return "again"
-    if elapsed >= request_timeout:
-        return "timeout"
-    if not stream:
-        return None
-    if refused is not None:
-        return refused
-    return ledger.blocker() if ledger is not None else "unknown"

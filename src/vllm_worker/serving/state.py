@@ -1,8 +1,9 @@
 """What the job side and the engine's watcher share: one `WorkerState`.
 
 `main` fills it after startup; the handler reads it on every job; `engine.monitor` tells it
-about a death, a hang or a relaunch (`record_death`, `mark_ready`, `fatal`, `status`), and the
-platform's stop (`begin_stop`). It is the only thing of `serving` that `engine` may import.
+about a death, a hang or a relaunch (`record_death` with a typed `Death`, `mark_ready`, `fatal`),
+and the platform's stop (`begin_stop`). `status` is what the status job prints, and nothing else
+reads it. It is the only thing of `serving` that `engine` may import.
 """
 
 from __future__ import annotations
@@ -12,6 +13,24 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from vllm_worker.serving import engine_load
+
+
+@dataclass(frozen=True)
+class Death:
+    """An engine death (or hang) while serving, as the monitor hands it to the jobs that were running.
+
+    sentence: what such a job is told when it is not continued; cause: the diagnosis kind
+    ("engine_died", "oom", "hang", ...), which a continued job's notice names, or STOPPED for the
+    drain's cut (no engine died: the worker is stopping, and nothing is continued); restarted: an
+    engine comes back after it (False once restarts are spent).
+    """
+
+    sentence: str
+    cause: str = "engine_died"
+    restarted: bool = True
+
+
+STOPPED = "stopped"  # Death.cause of the drain's cut
 
 
 class _Flag(Protocol):
@@ -42,15 +61,13 @@ class WorkerState:
     status: dict[str, Any] = field(default_factory=dict)
     # Set by main while the engine answers; jobs wait for it up to ready_timeout.
     ready: _Flag = field(default_factory=threading.Event)
-    # Engine deaths while serving, counted by main; `death` is what a job that was running then is told.
+    # Engine deaths while serving, counted by main; `death` is the last, for the jobs that were running then.
     deaths: int = 0
-    death: str | None = None
+    death: Death | None = None
     # The handler's cache: (deaths when read, the engine's max_model_len from /v1/models).
     context_length: tuple[int, int] | None = None
     # Set when the platform stops the worker: what a job that cannot run any more is told.
     stopping: str | None = None
-    # The sentence the drain's cut ended running jobs with: no engine died, so nothing is to continue.
-    stop_cut: str | None = None
     # Reads vLLM's /metrics beside the job loop; the status job shows its figures.
     load_watch: engine_load.LoadWatch | None = None
     # Jobs the handler continued on a relaunched engine, and those answered instead, by reason
@@ -67,11 +84,11 @@ class WorkerState:
         """The engine answers: jobs go through (thread-safe; main's supervisor may call it)."""
         self.ready.set()
 
-    def record_death(self, sentence: str) -> None:
-        """The serving engine died: jobs that were running end with `sentence`, new ones wait."""
+    def record_death(self, death: Death) -> None:
+        """The serving engine died: jobs that were running are continued or told why not, new ones wait."""
         self.ready.clear()
-        self.death = sentence
-        self.deaths += 1  # after `death`: a job that sees the count change reads the sentence
+        self.death = death
+        self.deaths += 1  # after `death`: a job that sees the count change reads the record
 
     def count_continuation(self, reason: str | None) -> None:
         """One job that was running at a death: continued (reason None) or answered for `reason`."""
