@@ -291,10 +291,10 @@ def test_the_engine_figures_give_what_finished_since_the_last_read() -> None:
 
 
 def test_the_bounds_are_the_capacity_plans_figures_as_the_engine_reported_them() -> None:
-    status = {"capacity_plan": {"kv_cache_tokens": 4096, "predicted_kv_cache_tokens": 5000, "max_model_len": 2048}}
+    status = {"kv_cache_tokens": 4096, "predicted_kv_cache_tokens": 5000, "max_model_len": 2048}
     assert intake.bounds_from(status, 30) == Bounds(30, 4096, 2048)
-    assert intake.bounds_from({"capacity_plan": {"predicted_kv_cache_tokens": 5000}}, 8) == Bounds(8, 5000, None)
-    assert intake.bounds_from({"capacity_plan": None}, 8) == Bounds(8)
+    assert intake.bounds_from({"predicted_kv_cache_tokens": 5000}, 8) == Bounds(8, 5000, None)
+    assert intake.bounds_from(None, 8) == Bounds(8)
     assert intake.bounds_from(status, 30, 8) == Bounds(30, 4096, 2048, max_num_seqs=8)
 
 

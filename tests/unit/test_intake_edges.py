@@ -188,9 +188,9 @@ def test_the_log_line_names_the_pace_only_when_there_is_one(caplog: pytest.LogCa
 
 
 def test_bounds_take_whole_positive_figures_only() -> None:
-    plan = {"capacity_plan": {"kv_cache_tokens": 1, "max_model_len": 0}}
+    plan = {"kv_cache_tokens": 1, "max_model_len": 0}
     assert intake.bounds_from(plan, 30) == Bounds(30, 1, None)
-    assert intake.bounds_from({"capacity_plan": {"kv_cache_tokens": "4096", "max_model_len": True}}, 30) == Bounds(30)
+    assert intake.bounds_from({"kv_cache_tokens": "4096", "max_model_len": True}, 30) == Bounds(30)
 
 
 def test_more_jobs_ended_since_the_read_than_waited_lift_its_waiting() -> None:

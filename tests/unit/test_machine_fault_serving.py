@@ -152,7 +152,10 @@ def _serve_until_answered(
     volume: Path, tail: str = NCCL, causes: list[str] | None = None, limit: int = 3, start_failure: str | None = None
 ) -> tuple[WorkerState, _Launcher, list[str]]:
     """The monitor over an engine that dies with `tail` on every launch, until it gives up; the asks it made."""
-    state = WorkerState(served_model_name="m", status={"causes": list(causes or [])})
+    state = WorkerState(served_model_name="m")
+    # The start's launches: one failed launch for each cause given, then the ready one.
+    started = [{"launch": n, "outcome": "failed", "cause": cause} for n, cause in enumerate(causes or [], 1)]
+    launches = [*started, {"launch": len(started) + 1, "outcome": "ready", "profile": "as configured"}]
     state.mark_ready()
     launcher = _Launcher(state, tail, start_failure)
     asks: list[str] = []
@@ -170,7 +173,7 @@ def _serve_until_answered(
         settings,
         state,
         Ladder(LaunchProfile.parse(ENV), device_total_bytes=80 * 2**30),
-        [{"launch": 1, "outcome": "ready", "profile": "as configured"}],
+        launches,
         None,
         launcher=launcher,  # type: ignore[arg-type]
         fresh_machine=fresh_worker,

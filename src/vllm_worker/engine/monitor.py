@@ -84,7 +84,7 @@ class EngineMonitor:
         self.launcher = launcher or Launcher(settings, supervisor, wait_for_memory, clock=clock)
         self.launcher.count = max(self.launcher.count, len(self.launches))
         self.restarts: list[float] = []
-        self.causes: list[str] = list(state.status.get("causes", []))
+        self.causes: list[str] = [str(record["cause"]) for record in launches if record.get("cause")]
         self.thread: threading.Thread | None = None
 
     def start(self, engine: Engine) -> threading.Thread:

@@ -335,11 +335,10 @@ def allowed(
     return held + 1 if due and held < target and not waiting else held
 
 
-def bounds_from(status: Mapping[str, Any], max_concurrency: int, max_num_seqs: int | None = None) -> Bounds:
-    """The bounds from the status the worker keeps: the capacity plan's KV tokens and max_model_len as the
-    engine reported them at its start (a restart's new figures are read again); `max_num_seqs` as the
+def bounds_from(plan: Mapping[str, Any] | None, max_concurrency: int, max_num_seqs: int | None = None) -> Bounds:
+    """The bounds from the capacity plan's report of the ready engine (capacity.ready_engine_report): its KV
+    tokens and max_model_len as the engine reported them, else the plan's prediction; `max_num_seqs` as the
     engine was launched with it (None: unknown)."""
-    plan = status.get("capacity_plan")
     plan = plan if isinstance(plan, Mapping) else {}
 
     def whole(name: str) -> int | None:
