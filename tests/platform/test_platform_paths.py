@@ -286,13 +286,12 @@ def test_a_stop_posts_the_answers_of_jobs_that_cannot_finish_before_the_platform
         assert time.monotonic() < deadline, "the jobs never reached the engine"
         time.sleep(0.05)
 
-    signalled = time.monotonic()
-    container.worker.stop(timeout=30)
+    # SIGTERM, then SIGKILL of the whole process group KILL_AFTER_S later unless it has exited: the platform's window,
+    # made real. Every answer posted and the worker gone before the SIGKILL: an order, no clock compared.
+    container.worker.stop(timeout=platform.KILL_AFTER_S)
     drain = settings_mod.load(container.env).drain_timeout
-    bound = platform.post_deadline(signalled, drain)
 
-    assert not container.worker.killed
     for job in jobs:
         assert container.cp.results_posted(job) == [{"error": platform.stopped_sentence(drain)}]
-        assert container.cp.answered_at(job)[0] <= bound
-    assert bound - signalled == platform.KILL_AFTER_S  # the default DRAIN_TIMEOUT fits the platform's window
+    assert not container.worker.killed, "the worker was still up at the platform's SIGKILL"
+    assert platform.post_deadline(0.0, drain) == platform.KILL_AFTER_S  # the default DRAIN_TIMEOUT fits the platform's window
