@@ -105,13 +105,14 @@ class Stopped(BaseException):
 class Shutdown:
     """The one place SIGTERM and SIGINT are handled, from the first line of startup to the last job."""
 
-    def __init__(self, stop_engine: Callable[[], None] | None = None) -> None:
+    def __init__(self, stop_engine: Callable[[], None] | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         self.stop_engine = stop_engine
+        self.clock = clock  # what the signal and the drain's deadlines are read from (a test's own clock)
         self.signals = 0
         self.phase = "starting"  # "starting", "jobs" (the SDK's job loop), "local" (uvicorn's own)
         self.state: WorkerState | None = None
         self.drain_timeout = 0.0
-        self.signal_at: float | None = None  # time.monotonic() of the first signal
+        self.signal_at: float | None = None  # self.clock() at the first signal
         self._owner = os.getpid()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._scaler: Any = None
@@ -134,7 +135,7 @@ class Shutdown:
             os._exit(128 + signum)
         self.signals += 1
         if self.signal_at is None:
-            self.signal_at = time.monotonic()
+            self.signal_at = self.clock()
         if self.phase == "starting":
             log.info("signal %d during startup: stopping the engine", signum)
             self._stop_engine()
@@ -211,10 +212,10 @@ class Shutdown:
         if not self._requested.is_set():
             await work  # refresh_worker: the SDK ends the loop once its jobs are answered
             return
-        signal_at = self.signal_at if self.signal_at is not None else time.monotonic()
+        signal_at = self.signal_at if self.signal_at is not None else self.clock()
         at_once = asyncio.create_task(self._at_once.wait())
         try:
-            left = max(0.0, signal_at + self.drain_timeout - time.monotonic())
+            left = max(0.0, signal_at + self.drain_timeout - self.clock())
             await asyncio.wait({work, at_once}, timeout=left, return_when=asyncio.FIRST_COMPLETED)
         finally:
             at_once.cancel()
@@ -227,7 +228,7 @@ class Shutdown:
                 cut,
             )
         # The SIGKILL ends the process then anyway: the loop winds down rather than be killed mid-post.
-        await asyncio.wait({work}, timeout=max(0.0, post_deadline(signal_at, self.drain_timeout) - time.monotonic()))
+        await asyncio.wait({work}, timeout=max(0.0, post_deadline(signal_at, self.drain_timeout) - self.clock()))
 
 
 _config: dict[str, Any] | None = None
