@@ -58,7 +58,7 @@ class Upstream:
         self.release = asyncio.Event()
         self.max_model_len: int | None = None
         self.ended_at: float | None = None
-        self.resumed_at: float | None = None
+        self.resume = asyncio.Event()
 
     def _record(self, request: web.Request, body: Any) -> None:
         self.requests.append({"method": request.method, "path": request.path, "body": body})
@@ -84,14 +84,13 @@ class Upstream:
         return response
 
     async def _paced(self, request: web.Request, events: list[str], pause_after: int | None = None) -> web.StreamResponse:
-        """One event every PACED_GAP_S, as an engine sends tokens, and a second's pause after `pause_after`
-        events (a slow step); records when the pause ended and when the last event was sent."""
+        """One event every PACED_GAP_S, as an engine sends tokens, and a pause after `pause_after` events (a slow
+        step) that lasts until `resume` is set; records when the last event was sent."""
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
         for n, event in enumerate(events):
             if n == pause_after:
-                await asyncio.sleep(1.0)
-                self.resumed_at = asyncio.get_running_loop().time()
+                await self.resume.wait()
             await response.write(event.encode())
             await asyncio.sleep(PACED_GAP_S)
         await response.write_eof()
@@ -191,6 +190,7 @@ async def upstream() -> AsyncIterator[Upstream]:
         yield stand
     finally:
         stand.release.set()
+        stand.resume.set()
         await close_session()
         await runner.cleanup()
         configure(None)  # type: ignore[arg-type]
@@ -282,16 +282,28 @@ async def test_a_stream_is_joined_within_the_interval_its_first_event_posted_at_
 
 
 async def test_what_came_before_a_pause_in_the_stream_is_posted_within_the_interval(upstream: Upstream) -> None:
-    """Two events, then a second with nothing: the second event (held back, within the interval of the
-    first) is posted once the interval is over, not when the stream goes on."""
+    """Two events, then nothing until the second has been posted: the second event (held back, within the
+    interval of the first) is posted once the interval is over, not when the stream goes on. Held back until
+    the stream went on, it would never be posted (the stream waits for it): an order, no clock read."""
     configure(_state(upstream.port))
-    loop = asyncio.get_running_loop()
-    posts: list[tuple[float, str]] = []
-    async for chunk in handler({"id": "job-1", "input": _chat("pause", stream=True)}):
-        posts.append((loop.time(), chunk))
-    assert "".join(chunk for _, chunk in posts) == "".join(STREAM_EVENTS)
-    [second_at] = [at for at, chunk in posts if STREAM_EVENTS[1] in chunk]
-    assert upstream.resumed_at is not None and second_at < upstream.resumed_at
+    posts: list[str] = []
+    resumed_by_the_post = False
+
+    async def relay() -> None:
+        nonlocal resumed_by_the_post
+        async for chunk in handler({"id": "job-1", "input": _chat("pause", stream=True)}):
+            posts.append(chunk)
+            if STREAM_EVENTS[1] in chunk and not upstream.resume.is_set():
+                resumed_by_the_post = True
+                upstream.resume.set()  # the slow step ends only now
+
+    try:
+        await asyncio.wait_for(relay(), timeout=60)
+    except asyncio.TimeoutError:
+        pytest.fail("the event before the pause was held back until the stream went on (it never did)")
+    # Held back, the stream's pause would have ended in the request's timeout instead (an error part).
+    assert all(isinstance(chunk, str) for chunk in posts), posts
+    assert resumed_by_the_post and "".join(posts) == "".join(STREAM_EVENTS), posts
 
 
 async def test_the_job_is_marked_done_in_the_engine_once_its_response_has_ended_before_its_last_part(upstream: Upstream) -> None:
