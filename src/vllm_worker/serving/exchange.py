@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import functools
 import logging
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -121,13 +121,10 @@ async def exchange(session: aiohttp.ClientSession, send: Send, relay: Relay, out
 async def _stream(response: aiohttp.ClientResponse, relay: Relay, outcome: Outcome) -> AsyncIterator[str]:
     if relay.opening is not None:
         yield relay.opening
-    framer = SSEFramer()
     last = ""
-    async with contextlib.aclosing(coalesced(response.content, STREAM_POST_EVERY_S, relay.on_end)) as pieces:
-        async for piece in pieces:
-            batch = framer.feed_batch(piece)
-            if not batch:
-                continue
+    pieces = coalesced(response.content, STREAM_POST_EVERY_S, relay.on_end)
+    async with contextlib.aclosing(pieces), contextlib.aclosing(_batches(pieces)) as batches:
+        async for batch in batches:
             post, failure = _checked(batch, relay)
             if post:
                 yield post
@@ -135,17 +132,21 @@ async def _stream(response: aiohttp.ClientResponse, relay: Relay, outcome: Outco
             if failure is not None:
                 outcome.engine_said(failure)
                 return
-    rest = framer.close()
-    if rest.strip():  # an event the engine did not terminate
-        post, failure = _checked(rest.rstrip("\r\n") + "\n\n", relay)
-        if post:
-            yield post
-            last = post
-        if failure is not None:
-            outcome.engine_said(failure)
-            return
     if not (last.endswith(DONE) or last.rstrip().endswith("[DONE]")):
         yield DONE
+
+
+async def _batches(pieces: AsyncIterator[bytes]) -> AsyncGenerator[str, None]:
+    """The stream's whole events, a batch per post (the pieces are already a few a second), then an event
+    the engine did not terminate, closed."""
+    framer = SSEFramer()
+    async for piece in pieces:
+        batch = framer.feed_batch(piece)
+        if batch:
+            yield batch
+    rest = framer.close()
+    if rest.strip():
+        yield rest.rstrip("\r\n") + "\n\n"
 
 
 def _checked(batch: str, relay: Relay) -> tuple[str, str | None]:
