@@ -68,7 +68,7 @@ def run(env: Mapping[str, str] | None = None) -> int:
     except platform.Stopped as stopped:
         return stopped.code
     finally:
-        supervisor.stop()
+        supervisor.stop(shutdown.engine_grace())  # after a platform stop, within what is left of its window
 
 
 def _start_and_serve(

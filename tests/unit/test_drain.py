@@ -226,7 +226,7 @@ def test_a_signal_marks_jobs_not_yet_running_as_stopped() -> None:
 
 def test_a_signal_during_startup_stops_the_engine_and_ends_startup() -> None:
     stopped: list[bool] = []
-    shutdown = platform.Shutdown(lambda: stopped.append(True))
+    shutdown = platform.Shutdown(lambda grace: stopped.append(True))
     with pytest.raises(platform.Stopped) as ended:
         shutdown.on_signal(signal.SIGTERM, None)
     assert stopped == [True] and ended.value.code == 143
@@ -268,7 +268,7 @@ def test_a_signal_with_no_job_loop_yet_frees_the_engine_at_once() -> None:
     import threading
 
     stopped = threading.Event()
-    shutdown = platform.Shutdown(stopped.set)
+    shutdown = platform.Shutdown(lambda grace: stopped.set())
     shutdown.serving(WorkerState(), 3.0, local_api=False)
     shutdown.on_signal(signal.SIGTERM, None)  # no scaler: nothing can be running
     assert stopped.wait(5)

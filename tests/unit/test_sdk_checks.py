@@ -150,7 +150,7 @@ def test_serve_runs_a_local_test_job_instead_of_the_sdk(
     monkeypatch.setattr(sys, "argv", ["w", "--test_input", '{"input": {"prompt": "Hi"}}'])
     ran: list[tuple[Any, ...]] = []
     monkeypatch.setattr(platform, "local_test", lambda *args: ran.append(args) or 7)
-    stop = lambda: None  # noqa: E731
+    stop = lambda grace: None  # noqa: E731
     assert platform.serve(_handler, _close, 1, platform.Shutdown(stop), WorkerState(), 3.0) == 7
     assert ran == [(_handler, {"input": {"prompt": "Hi"}, "id": "local_test"}, _close, stop)] and sdk == []
 
@@ -167,7 +167,7 @@ def test_a_bad_local_test_input_is_exit_code_2_with_one_line(
 
 def test_a_signal_during_startup_stops_the_engine_and_says_so(caplog: pytest.LogCaptureFixture) -> None:
     stopped: list[bool] = []
-    shutdown = platform.Shutdown(lambda: stopped.append(True))
+    shutdown = platform.Shutdown(lambda grace: stopped.append(True))
     with caplog.at_level(logging.INFO, logger="vllm_worker"), pytest.raises(platform.Stopped) as ended:
         shutdown.on_signal(signal.SIGINT, None)
     assert ended.value.code == 130 and str(ended.value) == "signal 2 during startup"
@@ -177,7 +177,7 @@ def test_a_signal_during_startup_stops_the_engine_and_says_so(caplog: pytest.Log
 
 def test_with_the_local_api_a_signal_stops_the_engine_and_returns(caplog: pytest.LogCaptureFixture) -> None:
     stopped: list[bool] = []
-    shutdown = platform.Shutdown(lambda: stopped.append(True))
+    shutdown = platform.Shutdown(lambda grace: stopped.append(True))
     shutdown.serving(WorkerState(), 3.0, local_api=True)
     with caplog.at_level(logging.INFO, logger="vllm_worker"):
         shutdown.on_signal(signal.SIGTERM, None)
@@ -203,7 +203,7 @@ def test_in_the_job_loop_an_idle_worker_frees_its_engine_at_once_and_a_busy_one_
     running: int, caplog: pytest.LogCaptureFixture
 ) -> None:
     stopped = threading.Event()
-    shutdown = platform.Shutdown(stopped.set)
+    shutdown = platform.Shutdown(lambda grace: stopped.set())
     state = WorkerState()
     shutdown.serving(state, 3.0, local_api=False)
     shutdown._scaler = _Scaler(running)
@@ -238,7 +238,7 @@ def test_a_child_of_the_worker_exits_with_the_signals_code_and_stops_nothing(mon
         raise SystemExit(code)
 
     monkeypatch.setattr(platform.os, "_exit", fake_exit)
-    shutdown = platform.Shutdown(lambda: stopped.append(True))
+    shutdown = platform.Shutdown(lambda grace: stopped.append(True))
     shutdown._owner = -1
     with pytest.raises(SystemExit):
         shutdown.on_signal(signal.SIGTERM, None)

@@ -66,13 +66,14 @@ class Supervisor:
             self.engine.start()
             return self.engine
 
-    def stop(self) -> None:
-        """Stop the engine, whatever its state (starting, serving, stopped by a signal, ignoring SIGTERM)."""
+    def stop(self, grace: float | None = None) -> None:
+        """Stop the engine, whatever its state (starting, serving, stopped by a signal, ignoring SIGTERM),
+        SIGKILLing it after VLLM_STOP_GRACE or `grace`, whichever is shorter (a platform stop's window)."""
         with self._lock:
             self._stopping = True
             engine = self.engine
         if engine is not None:
-            engine.stop(self.settings.stop_grace)
+            engine.stop(self.settings.stop_grace if grace is None else min(grace, self.settings.stop_grace))
 
     @property
     def stopping(self) -> bool:

@@ -64,6 +64,8 @@ TEST_INPUT_FILE = "test_input.json"
 KILL_AFTER_S = 5.0
 # When DRAIN_TIMEOUT declares a window longer than KILL_AFTER_S, what the posting gets after the cut.
 MIN_POST_S = 1.0
+# After a platform stop, what the worker keeps of the window for its own exit once the engine is stopped.
+EXIT_MARGIN_S = 0.5
 
 
 def post_deadline(signal_at: float, drain_timeout: float) -> float:
@@ -105,7 +107,9 @@ class Stopped(BaseException):
 class Shutdown:
     """The one place SIGTERM and SIGINT are handled, from the first line of startup to the last job."""
 
-    def __init__(self, stop_engine: Callable[[], None] | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, stop_engine: Callable[[float | None], None] | None = None, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.stop_engine = stop_engine
         self.clock = clock  # what the signal and the drain's deadlines are read from (a test's own clock)
         self.signals = 0
@@ -163,9 +167,17 @@ class Shutdown:
             log.info("signal %d again: stopping at once", signum)
             self._wake(self._at_once)
 
+    def engine_grace(self) -> float | None:
+        """How long the engine's stop may wait for it before SIGKILL: VLLM_STOP_GRACE (None) before a signal;
+        after one, what is left of the platform's window (`post_deadline`) less the worker's own exit, so the
+        worker exits before the runtime's SIGKILL (exit code 0) however slowly the engine stops."""
+        if self.signal_at is None:
+            return None
+        return max(0.0, post_deadline(self.signal_at, self.drain_timeout) - EXIT_MARGIN_S - self.clock())
+
     def _stop_engine(self) -> None:
         if self.stop_engine is not None:
-            self.stop_engine()
+            self.stop_engine(self.engine_grace())
 
     def _wake(self, event: asyncio.Event | None) -> None:
         if self._loop is not None and event is not None and not self._loop.is_closed():
@@ -500,7 +512,7 @@ def local_test(
     handler: Callable[..., Any],
     job: dict[str, Any],
     close_session: Callable[[], Awaitable[None]],
-    stop_engine: Callable[[], None] | None = None,
+    stop_engine: Callable[[float | None], None] | None = None,
 ) -> int:
     """Run one job locally, print what the platform would return, and return the exit code (1 on error).
 
@@ -516,7 +528,7 @@ def local_test(
 
     result = asyncio.run(run())
     if stop_engine is not None:
-        stop_engine()
+        stop_engine(None)
     # One line, last: the SDK logs to the same stdout, and a script reads the last line.
     print(json.dumps(result, ensure_ascii=False), flush=True)
     return 1 if result.get("error") else 0
