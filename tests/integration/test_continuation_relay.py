@@ -13,6 +13,7 @@ import asyncio
 import json
 from typing import Any
 
+import aiohttp
 from aiohttp import web
 
 from tests.integration.test_engine_death import DEATH, on_death_wait, run_handler, serve
@@ -218,3 +219,118 @@ async def test_a_cancel_while_the_sdk_posts_a_chunk_closes_the_engine_request() 
         await handler_module.close_session()
         await runner.cleanup()
     assert closed.is_set()
+
+
+# --------------------------------------------------------------------------- the job's record of its sends
+
+
+def relayed(max_tokens: int | None) -> Any:
+    """A streamed completion whose client was sent two tokens (ids 10 and 11) before the engine died."""
+    from vllm_worker.serving.job_input import EngineRequest
+    from vllm_worker.serving.relayed_job import RelayedJob
+
+    body: dict[str, Any] = {"model": "m", "prompt": "p", "stream": True}
+    if max_tokens is not None:
+        body["max_tokens"] = max_tokens
+    job = RelayedJob(EngineRequest("POST", "/v1/completions", body, True), {"id": "job-7"})
+    assert job.ledger is not None
+    job.ledger.first((sse(chunk(" a", [10], first=True)) + sse(chunk(" b", [11]))).decode())
+    return job
+
+
+def test_a_relayed_job_counts_its_retry_and_its_continuation_and_logs_what_it_kept(caplog: Any) -> None:
+    from vllm_worker.serving import after_death
+
+    job = relayed(max_tokens=5)
+    job.take(after_death.Retry())
+    assert (job.facts().retried, job.facts().resent) == (True, 0)  # a retry is not a continuation
+    with caplog.at_level("WARNING", logger="vllm_worker.serving.relayed_job"):
+        job.take(after_death.Continue())
+    assert job.facts().resent == 1
+    assert job.ledger.continued and job.ledger.kept == 2 and job.path == continuation.COMPLETIONS
+    assert caplog.messages == ["job job-7 continued on the restarted engine: 2 tokens kept, 3 to go"]
+    caplog.clear()
+    unbounded = relayed(max_tokens=None)
+    with caplog.at_level("WARNING", logger="vllm_worker.serving.relayed_job"):
+        unbounded.take(after_death.Continue())
+        whole = relayed(max_tokens=5)
+        whole.take(after_death.SendWhole())
+    assert whole.facts().resent == 1 and not whole.ledger.continued
+    assert caplog.messages == [
+        "job job-7 continued on the restarted engine: 2 tokens kept, the rest to go",
+        "job job-7 sent again whole to the restarted engine (it had received nothing yet)",
+    ]
+
+
+def test_a_stream_finished_before_the_death_is_closed_with_the_notice_of_the_deaths_cause() -> None:
+    job = relayed(max_tokens=2)
+    state = WorkerState(served_model_name="m")
+    state.record_death(Death(DEATH, "oom"))
+    state.profile = {"name": "eager", "reason": "out of memory", "overrides": {"ENFORCE_EAGER": "1"}}
+    closing = job.finish(state)
+    assert closing.startswith(continuation.notice_comment(2, "oom", state.profile)) and '"degraded": true' in closing
+    assert closing.endswith(job.ledger.closing(job.effective)) and job.facts().resent == 1
+    assert job.ledger.continued and job.ledger.kept == 2
+    state.death = None  # no death on record: the notice names the engine's death
+    assert relayed(max_tokens=2).finish(state).startswith(continuation.notice_comment(2, "engine_died", state.profile))
+
+
+def test_a_plain_answer_sent_again_carries_the_notice_and_a_body_that_is_not_json_is_its_text() -> None:
+    from vllm_worker.serving import after_death
+
+    job = relayed(max_tokens=5)
+    state = WorkerState(served_model_name="m")
+    state.record_death(Death(DEATH, "oom"))
+    state.profile = {"name": "eager", "reason": "out of memory", "overrides": {"ENFORCE_EAGER": "1"}}
+    job.take(after_death.SendWhole())
+    worker = {"continued": {"tokens_kept": 0, "after": "oom"}, "degraded": True, "profile": state.profile}
+    assert job.plain_answer(b'{"id": "cmpl-c", "choices": []}', state) == {"id": "cmpl-c", "choices": [], "worker": worker}
+    assert job.plain_answer(b"Internal Server Error \xff", state) == "Internal Server Error \ufffd"
+    assert job.plain_answer(b" \n", state) == {"worker": worker}  # an empty body is an empty object
+
+
+def test_the_context_length_is_the_first_positive_max_model_len_listed_and_a_missing_one_is_logged(caplog: Any) -> None:
+    from vllm_worker.serving.relayed_job import _max_model_len, context_length
+
+    listing = {"data": ["not an entry", {"max_model_len": 0}, {"max_model_len": True}, {"max_model_len": 1}, {"max_model_len": 9}]}
+    assert _max_model_len(listing) == 1
+
+    class NoModels:  # a session whose /v1/models cannot be read
+        def get(self, url: str, timeout: Any) -> Any:
+            raise aiohttp.ClientConnectionError("reset")
+
+    state = WorkerState(served_model_name="m")
+    with caplog.at_level("WARNING", logger="vllm_worker.serving.relayed_job"):
+        assert asyncio.run(context_length(state, NoModels())) is None  # type: ignore[arg-type]
+    assert caplog.messages == ["the engine's /v1/models gave no max_model_len; a job without max_tokens gets the engine's default"]
+
+
+async def test_a_v1_models_that_does_not_answer_is_given_up_within_request_timeout() -> None:
+    from vllm_worker.serving.relayed_job import context_length
+
+    table = web.RouteTableDef()
+
+    @table.get("/v1/models")
+    async def models(request: web.Request) -> web.Response:
+        await asyncio.sleep(30)
+        return web.json_response({"data": [{"max_model_len": 8}]})
+
+    runner, port = await serve(table)
+    state = WorkerState(served_model_name="m", port=port, request_timeout=0.3)
+    try:
+        async with aiohttp.ClientSession() as session:
+            assert await asyncio.wait_for(context_length(state, session), 5) is None
+    finally:
+        await runner.cleanup()
+
+
+def test_an_engine_error_answer_is_a_death_only_when_it_names_the_dead_engine_and_it_reached_the_engine() -> None:
+    from vllm_worker.diagnosis.runtime import ENGINE_DEAD_TEXT
+    from vllm_worker.serving.after_death import Failed
+    from vllm_worker.serving.exchange import Outcome
+
+    dead, refused = Outcome(), Outcome()
+    dead.engine_said(f"The engine answered with an error: {ENGINE_DEAD_TEXT}")
+    refused.engine_said("The engine refused the request (HTTP 400): max_tokens is too large.")
+    assert dead.failed == Failed(f"The engine answered with an error: {ENGINE_DEAD_TEXT}", dying=True, connected=True)
+    assert refused.failed == Failed("The engine refused the request (HTTP 400): max_tokens is too large.", dying=False, connected=True)

@@ -158,7 +158,12 @@ class Upstream:
     async def transcriptions(self, request: web.Request) -> web.Response:
         form = await request.post()
         fields = {name: (value.file.read() if hasattr(value, "file") else value) for name, value in form.items()}
-        self._record(request, {"content_type": request.content_type, "fields": list(form.keys()), "audio": fields["file"]})
+        upload = form["file"]
+        self._record(request, {
+            "content_type": request.content_type, "fields": list(form.keys()), "audio": fields["file"],
+            # vLLM's (FastAPI's) UploadFile is a part with a filename: one without is read as a text field.
+            "filename": getattr(upload, "filename", None), "file_type": getattr(upload, "content_type", None),
+        })  # fmt: skip
         return web.json_response({"text": "hello", "language": fields.get("language"), "model": fields.get("model")})
 
     async def health(self, request: web.Request) -> web.Response:
@@ -426,6 +431,7 @@ async def test_an_audio_job_is_sent_as_multipart(upstream: Upstream) -> None:
     assert recorded["content_type"] == "multipart/form-data"
     assert recorded["fields"] == ["file", "language", "model"]
     assert recorded["audio"] == audio
+    assert (recorded["filename"], recorded["file_type"]) == ("audio", "application/octet-stream")
 
 
 async def test_ok_answer_carrying_an_error_is_a_sentence(upstream: Upstream) -> None:

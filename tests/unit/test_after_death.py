@@ -65,6 +65,7 @@ def test_a_running_stream_is_continued_a_plain_job_sent_again_and_a_finished_str
     nothing_sent = replace(STREAM, sent_ids=False)
     assert decide(DROPPED, nothing_sent, READY, DEATH, confirmed=True) == SendWhole()
     assert decide(DROPPED, replace(STREAM, remaining=0), READY, DEATH, confirmed=True) == Finish()
+    assert decide(DROPPED, replace(STREAM, remaining=1), READY, DEATH, confirmed=True) == Continue()  # one token still to make
     assert decide(DROPPED, replace(STREAM, remaining=None), READY, DEATH, confirmed=True) == Continue()
 
 

@@ -642,6 +642,31 @@ def test_transport_sentences_name_the_values() -> None:
         "The engine is not reachable at 127.0.0.1:8123 (connection refused)"
     )
     assert timeout_sentence(2.5).startswith("The engine did not finish answering within REQUEST_TIMEOUT=2.5 seconds")
+    assert timeout_sentence(900.0, 12.345) == (
+        "The engine did not finish answering within the 12.3 seconds left of REQUEST_TIMEOUT=900 seconds when it "
+        "was continued on the restarted engine; raise REQUEST_TIMEOUT, or ask for fewer tokens (max_tokens)."
+    )
+
+
+def test_a_transport_failure_says_whether_the_engine_was_reached_and_when_it_dropped() -> None:
+    import types
+
+    import aiohttp
+
+    from vllm_worker.serving.answers import dropped_sentence, transport_sentence
+
+    key = types.SimpleNamespace(host="127.0.0.1", port=8123, ssl=None)
+    refused = aiohttp.ClientConnectorError(key, ConnectionRefusedError(111, "Connection refused"))  # type: ignore[arg-type]
+    assert transport_sentence(refused, "127.0.0.1", 8123, False) == unreachable_sentence("127.0.0.1", 8123, "connection refused")
+    unreachable = aiohttp.ClientConnectorError(key, OSError(113, "No route to host"))  # type: ignore[arg-type]
+    assert transport_sentence(unreachable, "127.0.0.1", 8123, False) == unreachable_sentence("127.0.0.1", 8123, "No route to host")
+    bare = aiohttp.ClientConnectorError(key, OSError("no such address"))  # type: ignore[arg-type]
+    assert transport_sentence(bare, "h", 1, False) == unreachable_sentence("h", 1, "no such address")
+    assert transport_sentence(aiohttp.ClientConnectorError(key, OSError()), "h", 1, False) == unreachable_sentence("h", 1, "OSError")  # type: ignore[arg-type]
+    dropped = aiohttp.ServerDisconnectedError()
+    assert transport_sentence(dropped, "h", 1, True) == dropped_sentence("h", 1, midway=True)
+    assert "in the middle of its response" in transport_sentence(dropped, "h", 1, True)
+    assert "closed the connection before answering" in transport_sentence(dropped, "h", 1, False)
 
 
 def test_a_200_body_with_an_error_becomes_a_sentence_not_a_repr() -> None:
