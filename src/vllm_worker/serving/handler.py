@@ -231,7 +231,7 @@ async def handler(job: dict[str, Any]) -> AsyncGenerator[Any, None]:
         deaths_seen = state.deaths
         session = _get_session(state)
         outcome = Outcome()
-        # One flat loop on purpose: every extra async-generator layer costs per relayed chunk.
+        # The relay's posts come a few a second (serving.stream_relay), so its generator layers cost next to nothing.
         async for post in exchange(session, await relayed.next_send(state, session), relayed.relay(state), outcome):
             yield post
         if outcome.failed is None:
