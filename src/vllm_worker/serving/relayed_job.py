@@ -97,12 +97,12 @@ class RelayedJob:
         if isinstance(step, after_death.Retry):
             self.retried = True
             return
-        self.resent += 1
         if isinstance(step, after_death.SendWhole):
+            self.resent += 1
             log.warning("job %s sent again whole to the restarted engine (it had received nothing yet)", self.job_id)
             return
+        self._keep()
         assert self.ledger is not None and self.effective is not None
-        self.ledger.continued, self.ledger.kept = True, len(self.ledger.ids)
         remaining = continuation.remaining_tokens(self.effective, self.ledger.kept)
         log.warning(
             "job %s continued on the restarted engine: %d tokens kept, %s to go",
@@ -112,10 +112,15 @@ class RelayedJob:
 
     def finish(self, state: WorkerState) -> str:
         """The end of a stream whose every asked-for token was sent before the engine died."""
+        self._keep()
         assert self.ledger is not None and self.effective is not None
+        return continuation.notice_comment(self.ledger.kept, _cause(state), state.profile) + self.ledger.closing(self.effective)
+
+    def _keep(self) -> None:
+        """The job is continued: what its client was sent is kept, and the rest comes from the restarted engine."""
+        assert self.ledger is not None
         self.resent += 1
         self.ledger.continued, self.ledger.kept = True, len(self.ledger.ids)
-        return continuation.notice_comment(self.ledger.kept, _cause(state), state.profile) + self.ledger.closing(self.effective)
 
     def plain_answer(self, raw: bytes, state: WorkerState) -> Any:
         """A plain answer as the job's output: an error body as a sentence, the worker's notice added."""
