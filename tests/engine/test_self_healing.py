@@ -231,22 +231,24 @@ HOLDER = textwrap.dedent(
         return node.free < math.ceil(node.total * utilization) - margin
 
     chunks = []
-    # Allocate and touch 256 MiB at a time until the check would fail.
-    while not short() and sum(map(len, chunks)) < cap:
+
+    def take() -> bool:
+        # Allocate and touch 256 MiB more if the check would still pass (and the cap allows); whether it did.
+        if short() or sum(map(len, chunks)) >= cap:
+            return False
         chunk = bytearray(256 << 20)
         view = memoryview(chunk)
         view[::4096] = b"\\x01" * len(range(0, len(chunk), 4096))
         chunks.append(chunk)
+        return True
+
+    while take():  # until the check would fail
         time.sleep(0.05)
     print(f"held {sum(map(len, chunks)) >> 20} MiB", flush=True)
     # Memory another process frees while this one holds is taken back, so the shortfall lasts until release.
     end = time.monotonic() + lifetime  # never outlives a broken test for long
     while time.monotonic() < end:
-        if not short() and sum(map(len, chunks)) < cap:
-            chunk = bytearray(256 << 20)
-            view = memoryview(chunk)
-            view[::4096] = b"\\x01" * len(range(0, len(chunk), 4096))
-            chunks.append(chunk)
+        take()
         time.sleep(0.1)
     """
 )
