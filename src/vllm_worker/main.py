@@ -33,7 +33,7 @@ from vllm_worker.config.profile import DEFAULT_MAX_CONCURRENCY, LaunchProfile
 from vllm_worker.engine import compile_cache, gpu_memory, machine_checks
 from vllm_worker.engine.download_progress import DownloadPlan, expected_bytes, repo_folder
 from vllm_worker.engine.launcher import Launcher, MemoryWait, StartupOutcome, Supervisor, start_engine
-from vllm_worker.engine.monitor import EngineMonitor
+from vllm_worker.engine.monitor import EngineMonitor, verdict_within
 from vllm_worker.model import cache as model_cache
 from vllm_worker.serving import engine_load, fresh_machine, handler, intake, platform
 from vllm_worker.serving.state import WorkerState
@@ -110,6 +110,7 @@ def _start_and_serve(
         max_concurrency=most,
         request_timeout=settings.request_timeout,
         ready_timeout=settings.ready_timeout,
+        verdict_within=verdict_within(settings.hang_timeout),
         default_max_tokens=settings.default_max_tokens,
         profile=outcome.profile,
         status={

@@ -394,9 +394,9 @@ def on_death_wait(monkeypatch: pytest.MonkeyPatch) -> asyncio.Event:
     entered = asyncio.Event()
     original = handler_module._death_since
 
-    async def wrapped(state: WorkerState, deaths_seen: int) -> str | None:
+    async def wrapped(state: WorkerState, deaths_seen: int, answers_seen: int) -> Death | None:
         entered.set()
-        return await original(state, deaths_seen)
+        return await original(state, deaths_seen, answers_seen)
 
     monkeypatch.setattr(handler_module, "_death_since", wrapped)
     return entered
@@ -457,8 +457,51 @@ async def test_a_request_that_never_reached_the_engine_goes_to_the_restarted_one
     assert parts == [{"object": "chat.completion", "choices": [{"message": {"content": "again"}}]}]
 
 
-async def test_a_dropped_connection_without_a_death_keeps_its_own_sentence() -> None:
-    state = WorkerState(served_model_name="m", port=free_port())
+async def test_a_dropped_connection_without_a_death_keeps_its_own_sentence(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The monitor's checks answer alive after the failure: no death, the job is told what failed. No clock
+    decides it (the wait's bound is an hour here): the second answer counted since the failure does."""
+    state = WorkerState(served_model_name="m", port=free_port(), verdict_within=3600.0)
     state.mark_ready()
-    [answer] = await run_handler(state, {"messages": MESSAGES})
+    entered = on_death_wait(monkeypatch)
+
+    async def monitor_answers() -> None:
+        await entered.wait()
+        state.note_health()  # a check begun before the failure may be this one
+        state.note_health()
+
+    [answer], _ = await asyncio.wait_for(asyncio.gather(run_handler(state, {"messages": MESSAGES}), monitor_answers()), 60)
     assert answer == {"error": answers.unreachable_sentence("127.0.0.1", state.port, "connection refused")}
+
+
+async def test_a_death_the_monitor_records_after_one_alive_answer_still_reaches_the_job(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One answer since the failure may come from a check begun before it: the job waits on for the verdict,
+    however long the monitor takes (a loaded machine's checks come late), and is told the death."""
+    first = 'data: {"choices": [{"delta": {"content": "w0"}}]}\n\n'
+    runner, port = await serve(chat_routes(stream_first=first))
+    state = WorkerState(served_model_name="m", port=port, verdict_within=3600.0)
+    state.mark_ready()
+    entered = on_death_wait(monkeypatch)
+
+    async def main_notices() -> None:
+        await entered.wait()
+        state.note_health()
+        for _ in range(20):  # the handler polls meanwhile and must not give up
+            await asyncio.sleep(0.06)
+        state.record_death(Death(DEATH, "engine_died"))
+
+    try:
+        parts, _ = await asyncio.wait_for(
+            asyncio.gather(run_handler(state, {"messages": MESSAGES, "stream": True}), main_notices()), 60
+        )
+    finally:
+        await runner.cleanup()
+    assert parts == [first, {"error": continuation.not_continued_sentence(DEATH, "unknown")}]
+
+
+async def test_a_stop_ends_the_wait_for_a_death() -> None:
+    state = WorkerState(served_model_name="m", port=free_port(), verdict_within=3600.0)
+    state.mark_ready()
+    state.begin_stop("stopping")
+    assert await asyncio.wait_for(handler_module._death_since(state, 0, 0), 60) is None

@@ -8,6 +8,10 @@ memory, anything else names how the process stopped and vLLM's last exception li
 
 from __future__ import annotations
 
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Callable
+
 import pytest
 
 from tests.support import vllm_texts as t
@@ -17,7 +21,8 @@ from vllm_worker.engine import monitor
 from vllm_worker.diagnosis.verdict import Failure
 from vllm_worker.config import settings as settings_mod
 from vllm_worker.engine.launcher import Attempt
-from vllm_worker.engine.monitor import EngineMonitor
+from vllm_worker.engine.monitor import HEALTH_POLL_S, EngineMonitor, verdict_within
+from vllm_worker.engine.process import HEALTH_REQUEST_TIMEOUT
 from vllm_worker.engine.ladder import Ladder
 from vllm_worker.config.profile import LaunchProfile
 from vllm_worker.serving.state import Death, WorkerState
@@ -265,3 +270,67 @@ def test_after_an_out_of_memory_death_in_flight_jobs_are_told_the_ladders_next_s
     assert state.death == Death(f"{cause} The worker is restarting the engine with MAX_NUM_SEQS=32; retry the request.", "runtime_oom")
     assert "same settings" not in state.death.sentence and "\n" not in state.death.sentence
     assert state.status["causes"] == ["runtime_oom"] and state.status["profile"] != "as configured"
+
+
+class _LiveEngine:
+    """An engine process that stays alive; its /health is `port` on 127.0.0.1."""
+
+    host, stopping, returncode = "127.0.0.1", False, None
+
+    def __init__(self, port: int) -> None:
+        self.port, self.stopped = port, False
+
+    def watch(self, on_exit: Callable[[int], None]) -> None:
+        pass
+
+    def alive(self) -> bool:
+        return True
+
+    def tail(self) -> str:
+        return died_serving("vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue.")
+
+    def stop(self, grace: float) -> None:
+        self.stopped = True
+
+    def kill(self) -> None:
+        self.stopped = True
+
+
+def test_the_monitor_counts_each_alive_answer_of_health_and_not_the_death() -> None:
+    """A job whose request failed waits for a death or for alive answers the monitor counts (serving.handler):
+    each 200 of /health is one, the 503 of a dead engine core is none."""
+    answers = iter([200, 200, 503])
+
+    class Health(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802
+            self.send_response(next(answers, 503))
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Health)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        state = WorkerState(served_model_name="m")
+        state.mark_ready()
+        env = {"MODEL_NAME": "acme/m"}
+        watcher = EngineMonitor(
+            type("Supervisor", (), {"stopping": False, "engine": None})(),  # type: ignore[arg-type]
+            settings_mod.load(env),
+            state,
+            Ladder(LaunchProfile.parse(env), device_total_bytes=80 * 2**30),
+            [{"launch": 1, "outcome": "ready", "profile": "as configured"}],
+            None,
+            launcher=_Launcher(),  # type: ignore[arg-type]
+        )
+        how = watcher._watch(_LiveEngine(server.server_address[1]))  # type: ignore[arg-type]
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert (how, state.health_answers) == ("dead", 2)
+
+
+def test_the_wait_for_a_verdict_is_the_hang_timeout_and_a_poll_with_its_checks() -> None:
+    assert verdict_within(60.0) == 60.0 + HEALTH_POLL_S + 2 * HEALTH_REQUEST_TIMEOUT

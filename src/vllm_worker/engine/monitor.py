@@ -39,6 +39,12 @@ from vllm_worker.serving.state import Death, WorkerState
 log = logging.getLogger("vllm_worker")
 
 HEALTH_POLL_S = 1.0
+
+
+def verdict_within(hang_timeout: float) -> float:
+    """The longest the monitor takes to a verdict on an engine that fails: a hang is called after
+    `hang_timeout` without an answer, read once a poll; a death or an answer sooner."""
+    return hang_timeout + HEALTH_POLL_S + 2 * HEALTH_REQUEST_TIMEOUT
 LOGGED_TAIL_LINES = 60
 
 
@@ -130,6 +136,8 @@ class EngineMonitor:
                 last_answer = now
                 if status == 503 and engine.alive() and not self.supervisor.stopping:
                     return "dead"
+                if status != 503:
+                    self.state.note_health()
             elif now - last_answer >= self.settings.hang_timeout and engine.alive() and not self.supervisor.stopping:
                 return "hung"
         return None

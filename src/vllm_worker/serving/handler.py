@@ -159,9 +159,6 @@ async def close_session() -> None:
 
 
 _READY_POLL_S = 0.05
-# How long a request that failed the way a dying engine fails waits for main to confirm the death:
-# main sees an exit at once and a 503 from /health within its poll interval (about a second).
-DEATH_CONFIRM_S = 3.0
 
 
 async def _wait_ready(state: WorkerState) -> str | None:
@@ -179,14 +176,20 @@ async def _wait_ready(state: WorkerState) -> str | None:
     return state.fatal
 
 
-async def _death_since(state: WorkerState, deaths_seen: int) -> Death | None:
-    """The death main records (since `deaths_seen`) within DEATH_CONFIRM_S, or None."""
-    deadline = time.monotonic() + DEATH_CONFIRM_S
+async def _death_since(state: WorkerState, deaths_seen: int, answers_seen: int) -> Death | None:
+    """The death main records after a request failed the way a dying engine fails; None once the engine has
+    answered /health on a check begun after the failure, the worker stops, or the monitor's longest time to a
+    verdict has passed.
+
+    Why the monitor's answer and not a clock: a dead engine core under a live API server is a 503 at the
+    monitor's next check, and on a loaded machine that came after the 3 s this wait once was (a clean-clone
+    CI run, 2026-12-07, answered such a job with vLLM's "EngineCore encountered an issue"). Two answers
+    counted since the failure: the first may come from a check begun before it."""
+    deadline = time.monotonic() + state.verdict_within
     while state.deaths == deaths_seen:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
+        if state.health_answers >= answers_seen + 2 or state.stopping or time.monotonic() >= deadline:
             return None
-        await asyncio.sleep(min(_READY_POLL_S, remaining))
+        await asyncio.sleep(_READY_POLL_S)
     return state.death
 
 
@@ -236,9 +239,10 @@ async def handler(job: dict[str, Any]) -> AsyncGenerator[Any, None]:
             yield post
         if outcome.failed is None:
             break
+        answers_seen = state.health_answers
         step = after_death.decide(outcome.failed, relayed.facts(), _worker(state))
         if isinstance(step, after_death.Confirm):
-            death = await _death_since(state, deaths_seen)
+            death = await _death_since(state, deaths_seen, answers_seen)
             step = after_death.decide(outcome.failed, relayed.facts(), _worker(state), death, confirmed=True)
             assert not isinstance(step, after_death.Confirm)  # a confirmed decision never asks again
         if isinstance(step, after_death.Answer):

@@ -64,6 +64,12 @@ class WorkerState:
     # Engine deaths while serving, counted by main; `death` is the last, for the jobs that were running then.
     deaths: int = 0
     death: Death | None = None
+    # Answers of a live engine's /health (not its death's 503), counted by the monitor. A request that failed the
+    # way a dying engine fails waits for a death or for an answer begun after its failure (serving.handler), and
+    # for no longer than `verdict_within`: the monitor's longest time to a verdict (main sets it from the hang
+    # timeout; the default serves a state without a monitor).
+    health_answers: int = 0
+    verdict_within: float = 3.0
     # The handler's cache: (deaths when read, the engine's max_model_len from /v1/models).
     context_length: tuple[int, int] | None = None
     # Set when the platform stops the worker: what a job that cannot run any more is told.
@@ -89,6 +95,10 @@ class WorkerState:
         self.ready.clear()
         self.death = death
         self.deaths += 1  # after `death`: a job that sees the count change reads the record
+
+    def note_health(self) -> None:
+        """The engine answered /health alive (thread-safe: one writer, the monitor)."""
+        self.health_answers += 1
 
     def count_continuation(self, reason: str | None) -> None:
         """One job that was running at a death: continued (reason None) or answered for `reason`."""
