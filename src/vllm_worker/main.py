@@ -24,19 +24,24 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Mapping, Sequence, cast
+from typing import TYPE_CHECKING, Any, Mapping, Sequence, cast
 
 from vllm_worker import capacity
 from vllm_worker.config import args_builder, command
 from vllm_worker.config import settings as settings_mod
 from vllm_worker.config.profile import DEFAULT_MAX_CONCURRENCY, LaunchProfile
-from vllm_worker.engine import compile_cache, gpu_memory, machine_checks
-from vllm_worker.engine.download_progress import DownloadPlan, expected_bytes, repo_folder
+from vllm_worker.engine import compile_cache, gpu_memory, machine_checks, start_forecast
+from vllm_worker.engine.download_progress import DownloadPlan, bytes_on_disk, expected_bytes, repo_folder
 from vllm_worker.engine.launcher import Launcher, MemoryWait, StartupOutcome, Supervisor, start_engine
 from vllm_worker.engine.monitor import EngineMonitor, verdict_within
+from vllm_worker.engine.start_watch import StartWatch
 from vllm_worker.model import cache as model_cache
+from vllm_worker.model import hub_rate
 from vllm_worker.serving import engine_load, fresh_machine, handler, intake, platform
 from vllm_worker.serving.state import WorkerState
+
+if TYPE_CHECKING:
+    from vllm_worker.model.preflight import ModelSummary
 
 log = logging.getLogger("vllm_worker")
 
@@ -84,7 +89,7 @@ def _start_and_serve(
     try:
         profile = LaunchProfile.parse(env)
         most = profile.max_concurrency
-        outcome = _startup(env, profile, settings, supervisor, {"settings": round(time.monotonic() - began, 2)})
+        outcome = _startup(env, profile, settings, supervisor, {"settings": round(time.monotonic() - began, 2)}, began)
     except Exception as error:  # noqa: BLE001 - whatever broke, the jobs must say so rather than crash-loop
         log.exception("the worker failed while starting the engine")
         supervisor.stop()
@@ -201,11 +206,17 @@ def _start_fields(outcome: StartupOutcome) -> dict[str, Any]:
         "worker_phases": dict(launcher.worker_phases),
         "compile_caches": {**launcher.caches.status(), "found": ready.get("compile_caches")},
         "download": launcher.download_status,
+        "start_forecast": launcher.start.status() if launcher.start is not None else None,
     }
 
 
 def _startup(
-    env: dict[str, str], profile: LaunchProfile, settings: settings_mod.Settings, supervisor: Supervisor, phases: dict[str, float]
+    env: dict[str, str],
+    profile: LaunchProfile,
+    settings: settings_mod.Settings,
+    supervisor: Supervisor,
+    phases: dict[str, float],
+    began: float,
 ) -> StartupOutcome:
     """Settings and the launch configuration (`profile`, of `env`) are read; now its flags, where the model is,
     whether it fits."""
@@ -289,6 +300,10 @@ def _startup(
 
     phases["plan"] = round(time.monotonic() - step, 2)
 
+    start = _start_watch(
+        env, profile, summary if download is not None else None, download, caches, plan.predicted.weights_bytes if plan.predicted else None,
+        on_cpu, began, volume,
+    )
     waiter = memory_waiter(settings)
     if waiter is None:
         log.info("GPU_MEMORY_WAIT=false: every launch starts without waiting for memory")
@@ -300,6 +315,7 @@ def _startup(
         caches=caches,
         download=download,
         worker_phases=phases,
+        start=start,
     )
     outcome = start_engine(profile, settings, supervisor, waiter, plan.first_steps, total, launcher=launcher)
     if outcome.engine is not None and outcome.climb is not None:
@@ -308,6 +324,39 @@ def _startup(
         )
     outcome.model_cache = cached.status() if cached else None
     return outcome
+
+
+def _start_watch(
+    env: Mapping[str, str],
+    profile: LaunchProfile,
+    summary: ModelSummary | None,
+    download: DownloadPlan | None,
+    caches: compile_cache.CacheSetup,
+    weights_bytes: int | None,
+    on_cpu: bool,
+    began: float,
+    volume: bool,
+) -> StartWatch:
+    """The start's forecast before the launch (engine.start_forecast): the bytes vLLM will fetch (the Hub's listing
+    of the revision less what is on disk) at the rate a read of the largest weights file gave, then the engine's
+    start after its download (this configuration's last ready start, else the platform's figure)."""
+    to_fetch, rate = 0, None
+    if download is not None and summary is not None:
+        endpoint = (profile.hf_endpoint or "https://huggingface.co").rstrip("/")
+        revision = summary.sha or summary.revision
+        files = hub_rate.fetched_files(hub_rate.list_files(endpoint, summary.repo, revision, profile.hf_token) or {})
+        to_fetch = max(0, (sum(files.values()) if files else download.total or 0) - bytes_on_disk(download.folder))
+        largest = hub_rate.largest_weights(files)
+        if to_fetch > 0 and largest is not None:
+            rate = hub_rate.probe_rate(endpoint, summary.repo, revision, largest, profile.hf_token, files[largest])
+    after, after_from = start_forecast.after_download(
+        "cpu" if on_cpu else "cuda", caches.expected == "warm", profile.enforce_eager is True, weights_bytes, caches.after_download_s
+    )
+    forecast = start_forecast.Forecast(
+        time.monotonic() - began, to_fetch, rate, "a read of the Hub" if rate else "", after, after_from,
+        start_forecast.platform_limit(env),
+    )
+    return StartWatch(forecast, began, profile.model or (summary.repo if summary else ""), volume)
 
 
 def _report_checks(checks: list[machine_checks.Check], new: int = 0) -> StartupOutcome | None:

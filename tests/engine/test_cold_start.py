@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 import struct
 import tempfile
@@ -91,8 +92,9 @@ def test_starts_on_one_volume_download_once_and_compile_once(tmp_path: Path, vol
             RUNPOD_MODEL_CACHE=str(hub_cache),
             MAX_CONCURRENCY="2",
         )
-        # 1. The model is not on the volume: vLLM downloads it (eager: the compile is the next starts' part).
-        fetched, fetched_log = start(env, tmp_path / "first")
+        # 1. The model is not on the volume: vLLM downloads it (eager: the compile is the next starts' part). The
+        # endpoint's RUNPOD_INIT_TIMEOUT is set below what the download alone takes: the worker says so at once.
+        fetched, fetched_log = start({**env, "RUNPOD_INIT_TIMEOUT": "20"}, tmp_path / "first")
     compiled_env = {**env, "ENFORCE_EAGER": "false"}
     # 2. The model is on the volume now; torch.compile on, the caches empty.
     cold, cold_log = start(compiled_env, tmp_path / "second")
@@ -125,6 +127,33 @@ def test_starts_on_one_volume_download_once_and_compile_once(tmp_path: Path, vol
 
     for log in (fetched_log, cold_log, warm_log):
         assert "Unknown vLLM environment variable detected" not in log
+
+    # The start's forecast: made before the download from the Hub's listing and a read of it, the limit's warning
+    # logged before the engine is launched, with the value to set; then set against the start at ready.
+    predicted = fetched["start_forecast"]["predicted"]
+    print("forecasts (predicted before the download, actual):", [
+        (r["start_forecast"]["predicted"]["seconds_to_ready"], r["start_forecast"]["actual"]["seconds_to_ready"])
+        for r in (fetched, cold, warm)
+    ])  # fmt: skip
+    assert predicted["bytes_to_fetch"] == sum(len(data) for data in files.values())  # every file here is one vLLM fetches
+    assert predicted["rate_from"] == "a read of the Hub" and predicted["bytes_per_second"] == pytest.approx(RATE, rel=0.25)
+    assert predicted["limit_seconds"] == 20.0 and fetched["start_forecast"]["over_limit"] is True
+    lines = fetched_log.splitlines()
+    [warning] = [i for i, line in enumerate(lines) if "This start is predicted to take about" in line]
+    launch = next(i for i, line in enumerate(lines) if "launch 1: " in line)
+    assert warning < launch and "past RUNPOD_INIT_TIMEOUT=20 " in lines[warning]
+    assert re.search(r"To fix: set RUNPOD_INIT_TIMEOUT=\d+ on the endpoint", lines[warning])
+    assert "start forecast (before the download): ready about" in fetched_log
+    assert fetched["start_forecast"]["actual"]["seconds_to_ready"] > 0
+    # The later starts fetch nothing; the third is predicted from the second's start of the same configuration.
+    for report in (cold, warm):
+        assert report["start_forecast"]["predicted"]["bytes_to_fetch"] == 0
+    assert cold["start_forecast"]["predicted"]["after_download_from"].endswith("(no start recorded)")
+    assert warm["start_forecast"]["predicted"]["after_download_from"] == "the last ready start of this configuration on the volume"
+    assert "This start is predicted" not in cold_log + warm_log
+    # The engine answered the worker's own request before the first job, at every start.
+    for log in (fetched_log, cold_log, warm_log):
+        assert "warm-up request: 8 tokens answered in" in log
 
 
 def test_a_read_only_volume_costs_one_warning_and_the_start_goes_on(tiny_model: Path, tmp_path: Path) -> None:

@@ -45,6 +45,7 @@ class Settings:
     default_max_tokens: int | None = None
     hang_timeout: float = 60.0
     vllm_command_set: bool = False  # VLLM_COMMAND was set (not the default `vllm serve`)
+    startup_timeout_set: bool = False  # VLLM_STARTUP_TIMEOUT was set: kept as set, not raised to the start's forecast
     base_path: str = "/runpod-volume"
     # Runpod documents 5 s between SIGTERM and SIGKILL (Pods pricing page, spot instances:
     # https://docs.runpod.io/pods/pricing, in runpod/docs until commit 8e5aebdb, May 2026) and
@@ -210,4 +211,5 @@ def load(env: Mapping[str, str]) -> Settings:
         refresh_limit=read_setting(env, "WORKER_REFRESH_LIMIT", 3, whole_in(0, 1000), "a whole number from 0 to 1000"),
         adaptive_concurrency=read_setting(env, "ADAPTIVE_CONCURRENCY", True, _bool, "true or false (also 1/0, yes/no, on/off)"),
         vllm_command_set=value(env, "VLLM_COMMAND") is not None,
+        startup_timeout_set=value(env, "VLLM_STARTUP_TIMEOUT") is not None,
     )

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import json
 import logging
 import os
 import shutil
@@ -44,6 +45,7 @@ log = logging.getLogger("vllm_worker")
 
 CACHE_FOLDER = "engine-cache"
 MARKS_FOLDER = "vllm-worker-ready"
+START_SUFFIX = ".start.json"  # beside a mark: the engine's start after its download (engine.start_forecast)
 # Below this much free space the caches stay in the container: one configuration's artifacts
 # are about 150 MB on the CPU engine here and hundreds of MB on GPUs, and a volume that fills
 # up during a compile would fail that start.
@@ -65,6 +67,8 @@ class CacheSetup:
     warning: str | None = None  # why a mounted volume is not used
     repaired: list[str] = field(default_factory=list)  # torn entries removed before the launch
     served_from: str | None = None  # the on-disk snapshot the model is served from, part of the key
+    # The engine's start after its download at the last ready start of this configuration (engine.start_forecast).
+    after_download_s: float | None = None
 
     def status(self) -> dict[str, Any]:
         return {
@@ -122,9 +126,34 @@ def prepare(
         return CacheSetup(warning=unusable_volume_message(base_path, problem))
     setup = CacheSetup(root=root, env=cache_variables(str(root), env), expected="cold", served_from=served_from)
     setup.repaired = repair(Path(vllm_cache_root(str(root), env)))
-    if (root / MARKS_FOLDER / fingerprint(argv, served_from)).exists():
+    mark = root / MARKS_FOLDER / fingerprint(argv, served_from)
+    if mark.exists():
         setup.expected = "warm"
+    setup.after_download_s = _recorded_start(mark.with_name(mark.name + START_SUFFIX))
     return setup
+
+
+def _recorded_start(path: Path) -> float | None:
+    """The seconds a record of a start holds; None where there is none or it is unreadable."""
+    try:
+        seconds = json.loads(path.read_text()).get("after_download_s")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return float(seconds) if isinstance(seconds, (int, float)) and not isinstance(seconds, bool) and seconds > 0 else None
+
+
+def record_start(setup: CacheSetup, argv: Sequence[str], after_download_s: float | None) -> None:
+    """Keep what this ready start took after its download, for the next start's forecast. Never raises."""
+    if setup.root is None or after_download_s is None or after_download_s <= 0:
+        return
+    marks = setup.root / MARKS_FOLDER
+    try:
+        marks.mkdir(parents=True, exist_ok=True)
+        temporary = marks / f".{uuid.uuid4().hex}.tmp"
+        temporary.write_text(json.dumps({"after_download_s": round(after_download_s, 1)}) + "\n")
+        os.replace(temporary, marks / (fingerprint(argv, setup.served_from) + START_SUFFIX))
+    except OSError as error:
+        log.info("start forecast: could not record this start's time (%s)", error)
 
 
 def _probe(root: Path) -> str | None:

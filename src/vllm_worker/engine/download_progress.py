@@ -152,8 +152,11 @@ class DownloadWatch:
         total: int | None,
         interval: float = INTERVAL,
         clock: Callable[[], float] = time.monotonic,
+        on_rate: Callable[[Reading], None] | None = None,
     ) -> None:
         self.repo = repo
+        # Called once, with the first reading whose whole interval the download ran in: its rate is the link's.
+        self.on_rate = on_rate
         self.folder = folder
         self.total = total
         self.interval = interval
@@ -185,12 +188,18 @@ class DownloadWatch:
         shown = bytes_on_disk(self.folder)
         if self.total is not None and shown >= self.total:
             return
+        initial, rated = shown, self.on_rate is None
         while not self._stop.wait(self.interval):
             done = bytes_on_disk(self.folder)
-            self.last = next_reading(self.last, done, self.total, self.clock(), self._started)
+            previous = self.last
+            self.last = next_reading(previous, done, self.total, self.clock(), self._started)
             if done > shown:
                 log.info("%s", progress_line(self.repo, self.last))
                 shown = done
+            if not rated and previous is not None and previous.done > initial and self.last.rate:
+                rated = True
+                assert self.on_rate is not None
+                self.on_rate(self.last)
             if self.total is not None and done >= self.total:
                 return
 
@@ -204,5 +213,5 @@ class DownloadPlan:
     folder: Path
     total: int | None
 
-    def watch(self, interval: float = INTERVAL) -> DownloadWatch:
-        return DownloadWatch(self.repo, self.folder, self.total, interval)
+    def watch(self, interval: float = INTERVAL, on_rate: Callable[[Reading], None] | None = None) -> DownloadWatch:
+        return DownloadWatch(self.repo, self.folder, self.total, interval, on_rate=on_rate)

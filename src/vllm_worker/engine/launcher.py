@@ -25,9 +25,10 @@ from vllm_worker.config import settings as settings_mod
 from vllm_worker.config.profile import LaunchProfile
 from vllm_worker.diagnosis import startup_errors
 from vllm_worker.diagnosis.verdict import Diagnosis, Failure, Tried
-from vllm_worker.engine import compile_cache, ladder
+from vllm_worker.engine import compile_cache, ladder, warmup
 from vllm_worker.engine.download_progress import DownloadPlan
 from vllm_worker.engine.process import Engine, command_problem
+from vllm_worker.engine.start_watch import StartWatch
 from vllm_worker.engine.startup_phases import PhaseClock, phases_line
 
 log = logging.getLogger("vllm_worker")
@@ -80,11 +81,14 @@ class Supervisor:
         return self._stopping
 
 
-def startup_timeout_message(settings: settings_mod.Settings) -> str:
+def startup_timeout_message(settings: settings_mod.Settings, waited: float | None = None) -> str:
+    """`waited`: the wait the start's forecast raised VLLM_STARTUP_TIMEOUT's default to, where it did."""
+    within = f"VLLM_STARTUP_TIMEOUT={settings.startup_timeout:g} seconds"
+    if waited is not None and waited > settings.startup_timeout:
+        within = f"{waited:g} seconds (twice the start's forecast; VLLM_STARTUP_TIMEOUT is {settings.startup_timeout:g})"
     return (
-        f"vLLM did not become ready within VLLM_STARTUP_TIMEOUT={settings.startup_timeout:g} seconds "
-        "and was stopped; if the model is large and still downloading, raise VLLM_STARTUP_TIMEOUT "
-        "or bake the model into the image."
+        f"vLLM did not become ready within {within} and was stopped; if the model is large and still downloading, "
+        "raise VLLM_STARTUP_TIMEOUT or bake the model into the image."
     )
 
 
@@ -133,6 +137,7 @@ class Launcher:
         caches: compile_cache.CacheSetup | None = None,
         download: DownloadPlan | None = None,
         worker_phases: Mapping[str, float] | None = None,
+        start: StartWatch | None = None,
     ) -> None:
         self.settings = settings
         self.supervisor = supervisor
@@ -144,6 +149,7 @@ class Launcher:
         self.download = download  # None: nothing to download (cached, baked, local, offline)
         self.download_status: dict[str, Any] | None = None  # the last progress reading, for the status job
         self.worker_phases = dict(worker_phases or {})  # settings, pre-flight, plan: shown with launch 1
+        self.start = start  # the start's forecast (None: none was made): the waits follow it
 
     def attempt(self, profile: LaunchProfile, record: dict[str, Any] | None = None, tried: Sequence[Tried] = ()) -> Attempt:
         """Launch `profile` once; the launch record (profile, overrides, `record`'s extras) comes back with it."""
@@ -173,18 +179,23 @@ class Launcher:
         log.info("launch %d: %s", self.count, masked)
         started = self.clock()
         phase_clock = PhaseClock()
-        watch = self.download.watch() if self.download is not None else None
+        first = self.count == 1 and self.start is not None
+        watch = None
+        if self.download is not None:
+            watch = self.download.watch(on_rate=self.start.on_rate if first and self.start is not None else None)
 
         def on_line(line: str) -> None:
             phase_clock.feed(self.clock() - started, line)
             if watch is not None:
                 watch.on_line(line)
 
-        engine = self.supervisor.launch(built.argv, built.engine_env, masked, on_line)
+        engine_env = self.start.engine_env(built.engine_env) if self.start is not None else built.engine_env
+        engine = self.supervisor.launch(built.argv, engine_env, masked, on_line)
         if watch is not None:
             watch.start()
+        waited = self.start.startup_timeout(self.settings) if self.start is not None else self.settings.startup_timeout
         try:
-            state = engine.wait_ready(self.settings.startup_timeout)
+            state = engine.wait_ready(waited)
         finally:
             if watch is not None:
                 watch.stop()
@@ -202,7 +213,12 @@ class Launcher:
             if cache is not None and phase_clock.corrupt_entry is not None:
                 cache += f" (vLLM could not read {phase_clock.corrupt_entry} and compiled it again)"
             log.info("%s", phases_line(self.count, {**worker, **phases}, phases, cache))
+            warmed = warmup.warm_up(engine.host, engine.port, built.served_model_name)
+            record["warmup_seconds"] = round(warmed.seconds, 2)
+            log.info("%s", warmed.line())
             compile_cache.record_ready(self.caches, built.argv, phase_clock.cache)
+            if self.start is not None and self.start.actual is None:  # the start's first ready launch
+                compile_cache.record_start(self.caches, built.argv, self.start.at_ready(record["seconds"], phases))
             return result
         if self.supervisor.stopping:
             record["outcome"] = result.outcome = "stopped"
@@ -210,7 +226,7 @@ class Launcher:
         engine.stop(self.settings.stop_grace)
         if state == "timeout":
             record["outcome"] = result.outcome = "timeout"
-            result.message = startup_timeout_message(self.settings)
+            result.message = startup_timeout_message(self.settings, waited)
             return result
         result.diagnosis = launch_failure(engine, profile, self.settings, tried, self.weights_bytes)
         record.update(outcome="failed", exit_code=engine.returncode, cause=result.diagnosis.kind)
