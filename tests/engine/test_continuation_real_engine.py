@@ -136,8 +136,10 @@ def run_round(
                 or not all(cp.taken(job) for job in jobs.values())
                 or "data: {" not in streamed_text(cp, jobs["chat-streamed"])
             ):
-                assert time.monotonic() < deadline, "no eighth of the streamed completion's tokens held, a job not taken, or no chat event"
-                time.sleep(0.02)
+                assert time.monotonic() < deadline, not_in_flight(cp, jobs)
+                # Not a tighter loop: each look parses the whole stream, and the control plane serving the worker's
+                # posts runs in this process (a clean-clone CI run, 2026-12-07, waited out BOOT_TIMEOUT here).
+                time.sleep(0.1)
             late = not freeze(jobs)
             held = streamed_ids(cp, jobs["completion-streamed"])  # the engine is frozen: what its client holds now
         results: dict[str, Any] = {}
@@ -149,6 +151,18 @@ def run_round(
             return results
         print("a job was answered before the engine was frozen: the round runs again")
     raise AssertionError(f"in {tries} rounds a job was always answered before the engine was frozen")
+
+
+def not_in_flight(cp: ControlPlane, jobs: dict[str, str]) -> str:
+    """Why the round never reached its freeze, for the failure's reader: each job's state at the control plane."""
+    states = {
+        name: {"taken": cp.taken(job), "answered": bool(cp.results_posted(job)), "streamed": len(streamed_text(cp, job))}
+        for name, job in jobs.items()
+    }
+    return (
+        f"no eighth of the streamed completion's tokens held ({streamed_ids(cp, jobs['completion-streamed'])} ids), a job "
+        f"not taken, or no chat event: {states}"
+    )
 
 
 def frozen_in_flight(cp: ControlPlane, worker: WorkerProcess, jobs: dict[str, str]) -> psutil.Process | None:
