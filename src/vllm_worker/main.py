@@ -302,7 +302,7 @@ def _startup(
 
     start = _start_watch(
         env, profile, summary if download is not None else None, download, caches, plan.predicted.weights_bytes if plan.predicted else None,
-        on_cpu, began, volume,
+        on_cpu or not devices, began, volume,
     )
     waiter = memory_waiter(settings)
     if waiter is None:
@@ -333,7 +333,7 @@ def _start_watch(
     download: DownloadPlan | None,
     caches: compile_cache.CacheSetup,
     weights_bytes: int | None,
-    on_cpu: bool,
+    on_cpu: bool,  # the engine runs on the CPU (ENGINE_DEVICE=cpu, or no GPU could be read)
     began: float,
     volume: bool,
 ) -> StartWatch:

@@ -148,7 +148,7 @@ def test_starts_on_one_volume_download_once_and_compile_once(tmp_path: Path, vol
     # The later starts fetch nothing; the third is predicted from the second's start of the same configuration.
     for report in (cold, warm):
         assert report["start_forecast"]["predicted"]["bytes_to_fetch"] == 0
-    assert cold["start_forecast"]["predicted"]["after_download_from"].endswith("(no start recorded)")
+    assert cold["start_forecast"]["predicted"]["after_download_from"].endswith("none recorded")
     assert warm["start_forecast"]["predicted"]["after_download_from"] == "the last ready start of this configuration on the volume"
     assert "This start is predicted" not in cold_log + warm_log
     # The engine answered the worker's own request before the first job, at every start.
