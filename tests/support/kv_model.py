@@ -128,6 +128,8 @@ class Outcome:
     first_token_waits: list[float]  # take to first token, jobs taken in the second half
     preemptions: int
     ended: float  # when the last job left the worker (a burst), or `seconds`
+    # Every take: (when, jobs asked for, what the engine had shown room for then: `shown(at, engine, held)`).
+    takes: list[tuple[float, int, int]] = field(default_factory=list)
 
 
 def run(
@@ -141,16 +143,21 @@ def run(
     seconds: float,
     jobs: int | None = None,
     max_seqs: int = 1 << 30,
+    sizes: Callable[[int], tuple[int, int]] | None = None,
+    shown: Callable[[float, Engine, int], int] | None = None,
 ) -> Outcome:
     """A worker whose job loop holds `limit(at, held, engine)` jobs, with a queue that never empties, or
     `jobs` queued at once (then taken_not_running is sampled while the queue still holds some, from the
     start). `observe(at, engine, finished since the last call)` is called every intake.POLL_S. `max_seqs`:
-    vLLM's max_num_seqs."""
+    vLLM's max_num_seqs. `sizes(n)`: the n-th job's (prompt, generate), where the jobs change (else all are
+    `prompt`, `generate`); a burst's samples then start once a job of the burst's own size is taken. `shown`:
+    recorded beside each take's count (Outcome.takes)."""
     engine = Engine(blocks, block_size, max_seqs=max_seqs)
     held: list[Request] = []
     on_the_way: list[Request] = []
     at = next_room = next_read = next_sample = 0.0
-    seen = 0
+    seen = taken = 0
+    takes: list[tuple[float, int, int]] = []
     samples: list[int] = []
     running: list[int] = []
     preemptions_at_half: int | None = None
@@ -166,13 +173,18 @@ def run(
             seen = len(engine.finished)
             next_read += intake.POLL_S
         if at >= next_room:
-            for _ in range(int(min(left, max(0, limit(at, len(held), engine) - len(held))))):
-                r = Request(at, prompt, generate)
+            asked = int(min(left, max(0, limit(at, len(held), engine) - len(held))))
+            if asked:
+                takes.append((at, asked, shown(at, engine, len(held)) if shown is not None else asked))
+            for _ in range(asked):
+                size = sizes(taken) if sizes is not None else (prompt, generate)
+                r = Request(at, *size)
+                taken += 1
                 held.append(r)
                 on_the_way.append(r)
                 left -= 1
             next_room = at + ROOM_POLL_S
-        if jobs is not None and left and at >= next_sample:
+        if jobs is not None and left and at >= next_sample and (sizes is None or taken and sizes(taken - 1) == (prompt, generate)):
             samples.append(len(held) - len(engine.running))
             next_sample = at + SAMPLE_S
         if jobs is None and at >= seconds / 2:
@@ -191,4 +203,5 @@ def run(
         first_token_waits=[(r.first_token or seconds) - r.taken for r in [*engine.finished, *held] if r.taken >= half],
         preemptions=engine.preemptions - (preemptions_at_half or 0),
         ended=min(at, seconds),
+        takes=takes,
     )

@@ -45,7 +45,7 @@ bounds = st.builds(
 def decisions(b: Bounds, sequence: list[EngineNow | None]) -> list[Limit]:
     limit, out = intake.first(b), []
     for now in sequence:
-        limit = intake.decide(limit, now, b)
+        limit = intake.room_and_pace(limit, now, b)
         out.append(limit)
     return out
 
@@ -84,7 +84,9 @@ def test_paced_takes_come_at_least_a_pace_apart(asks: list[tuple[float, int]]) -
     gate = intake.Intake(lambda: BOUNDS, held=lambda: held[0], clock=lambda: clock[0])
     gate.observe(EngineNow(5, 0, 0.9, finished=1, prompt_tokens=42, generated_tokens=600, engine_seconds=12, block_size=128), 0.0)
     limit = gate._limit
-    assert (limit.value, limit.target) == (5, 9) and limit.pace_s == pytest.approx(12 / (4096 / 406))
+    # The rule's room of 5 and target of 9, within what the engine has shown (5 running, one more a read, and one
+    # to wait inside it: 7), one of them to wait inside the engine.
+    assert (limit.value, limit.target) == (6, 7) and limit.pace_s == pytest.approx(12 / (4096 / 406))
     grants: list[float] = []
     for dt, h in asks:
         clock[0] += dt
@@ -131,7 +133,7 @@ def test_recent_means_follow_the_requests_finished_the_later_ones_weighing_more(
 
 
 def test_before_any_request_finished_the_room_counts_max_model_len_and_nothing_is_paced() -> None:
-    limit = intake.decide(intake.first(BOUNDS), EngineNow(1, 0, 0.05), BOUNDS)
+    limit = intake.room_and_pace(intake.first(BOUNDS), EngineNow(1, 0, 0.05), BOUNDS)
     assert (limit.value, limit.target, limit.pace_s) == (2, None, None)  # 1 running + 1 more of 2,048 in 4,096
     assert limit.reason == "1 running, 0 waiting, KV cache 5% used: the KV cache holds 1 more request(s) of 2,048 tokens to their end"
 
@@ -140,7 +142,7 @@ def test_past_the_room_the_worker_is_paced_up_to_what_the_cache_holds_at_the_pea
     # 5 running of the bench's 642 tokens hold 30 of 32 blocks at their end: no room; 10.1 on average, 9.2 at the
     # peaks: 9.
     now = EngineNow(5, 0, 0.5, finished=1, prompt_tokens=42, generated_tokens=600, engine_seconds=12, kv_tokens=4096, block_size=128)
-    limit = intake.decide(intake.first(Bounds(30)), now, Bounds(30))
+    limit = intake.room_and_pace(intake.first(Bounds(30)), now, Bounds(30))
     assert (limit.value, limit.target) == (5, 9) and limit.pace_s == pytest.approx(12 / (4096 / 406))
     assert limit.reason.endswith(
         "; paced: one more every 1.19 s (59 tokens of a running request apart: a recent request's 600 generated tokens "
@@ -151,7 +153,7 @@ def test_past_the_room_the_worker_is_paced_up_to_what_the_cache_holds_at_the_pea
     assert intake.allowed(limit, 6, 100.0, 101.2) == 7
     assert intake.allowed(limit, 9, 0.0, 100.0) == 9  # at the target: no more
     assert intake.allowed(limit, 3, 100.0, 100.0) == 5  # under the room: the room, at once
-    waiting = intake.decide(limit, EngineNow(5, 1, 0.9, block_size=128, kv_tokens=4096), Bounds(30))
+    waiting = intake.room_and_pace(limit, EngineNow(5, 1, 0.9, block_size=128, kv_tokens=4096), Bounds(30))
     assert waiting.waiting == 1 and waiting.reason.endswith(
         "up to 9, what it holds at their peaks, "
         "once more jobs have ended than the 1 request(s) waiting inside the engine"
@@ -165,12 +167,12 @@ def test_the_pace_is_kept_in_the_engines_tokens_and_timed_by_its_steps_now() -> 
     apart = 600 / (4096 / 406)
     # No step seen yet: a token as long as the recent requests' (12 s over 600 tokens).
     finished = EngineNow(5, 0, 0.5, finished=1, prompt_tokens=42, generated_tokens=600, engine_seconds=12, block_size=128)
-    before = intake.decide(intake.first(b), finished, b)
+    before = intake.room_and_pace(intake.first(b), finished, b)
     assert before.token_s == pytest.approx(0.02) and before.pace_s == pytest.approx(apart * 0.02)
 
     def read(limit: Limit, running: int, tokens: float, seconds: float = 2.0, running_before: int | None = 5) -> Limit:
         now = EngineNow(running, 0, 0.5, block_size=128, generated_now=tokens, seconds=seconds, running_before=running_before)
-        return intake.decide(limit, now, b)
+        return intake.room_and_pace(limit, now, b)
 
     # 5 running made 500 tokens in 2 s: a step of 20 ms, the same; then 250 in 2 s, a step of 40 ms: the machine
     # slowed, so the starts stay as many tokens apart and more seconds (each read weighs half).
@@ -188,7 +190,7 @@ def test_the_pace_is_kept_in_the_engines_tokens_and_timed_by_its_steps_now() -> 
     # Nothing ran since (no tokens, or no time): the last step stands, and a read without figures keeps it.
     idle = read(batch, 0, 0, running_before=0)
     assert idle.token_s == batch.token_s and read(idle, 3, 30, seconds=0.0).token_s == idle.token_s
-    assert intake.decide(idle, None, b).token_s == idle.token_s
+    assert intake.room_and_pace(idle, None, b).token_s == idle.token_s
     # Tokens made while nothing ran at either read (a request started and ended between them): no step seen.
     assert read(batch, 0, 50, running_before=0).token_s == batch.token_s
     # One request, one token: a step all the same (40 ms here, weighing half beside the 20 before).
@@ -199,40 +201,40 @@ def test_the_pace_is_kept_in_the_engines_tokens_and_timed_by_its_steps_now() -> 
     assert stalled.token_s == pytest.approx(0.03) and stalled.pace_s == pytest.approx(apart * 0.03)
     assert read(stalled, 9, 63, seconds=3.0, running_before=9).token_s == pytest.approx(0.045)
     # A read without a KV cache size keeps the step for the reads that have one.
-    unknown = intake.decide(batch, EngineNow(5, 0, 0.5, generated_now=500, seconds=2.0, running_before=5), Bounds(30))
+    unknown = intake.room_and_pace(batch, EngineNow(5, 0, 0.5, generated_now=500, seconds=2.0, running_before=5), Bounds(30))
     assert unknown.reason == intake.NO_KV_REASON and unknown.token_s == pytest.approx(0.02)
     # Requests of one generated token give a token's time; requests that took no time give none (nothing paced).
     one = EngineNow(5, 0, 0.5, finished=2, prompt_tokens=84, generated_tokens=2, engine_seconds=1.0, block_size=128)
-    assert intake.decide(intake.first(b), one, b).token_s == pytest.approx(0.5)
+    assert intake.room_and_pace(intake.first(b), one, b).token_s == pytest.approx(0.5)
     instant = EngineNow(5, 0, 0.5, finished=1, prompt_tokens=42, generated_tokens=600, engine_seconds=0.0, block_size=128)
-    assert intake.decide(intake.first(b), instant, b).token_s is None
+    assert intake.room_and_pace(intake.first(b), instant, b).token_s is None
     # The reason gives the step to a tenth of a millisecond.
     slow = EngineNow(5, 0, 0.5, finished=1, prompt_tokens=42, generated_tokens=600, engine_seconds=59.94, block_size=128)
-    assert "at 99.9 ms a token now" in intake.decide(intake.first(b), slow, b).reason
+    assert "at 99.9 ms a token now" in intake.room_and_pace(intake.first(b), slow, b).reason
     # Before any request finished nothing is paced, and a step seen then is kept for later.
-    early = intake.decide(intake.first(BOUNDS), EngineNow(2, 0, 0.1, generated_now=100, seconds=1.0, running_before=2), BOUNDS)
+    early = intake.room_and_pace(intake.first(BOUNDS), EngineNow(2, 0, 0.1, generated_now=100, seconds=1.0, running_before=2), BOUNDS)
     assert early.pace_s is None and early.token_s == pytest.approx(0.02)
 
 
 def test_the_target_is_what_the_cache_holds_at_the_peaks_to_the_nearest_request_and_at_most_max_concurrency() -> None:
     def target(kv: int, top: int = 30) -> int | None:
         now = EngineNow(1, 0, 0.0, finished=1, prompt_tokens=42, generated_tokens=600, engine_seconds=12, block_size=128)
-        return intake.decide(Limit(1, "x"), now, Bounds(top, kv, 2048)).target
+        return intake.room_and_pace(Limit(1, "x"), now, Bounds(top, kv, 2048)).target
 
     assert target(4096) == 9  # 9.19
     assert target(406 * 9 + 203 + 364) == 10  # 9.5: up
     assert target(406 * 9 + 202 + 364) == 9
     assert target(10**6, top=30) == 30
     # Where the room is already the whole target, nothing is paced.
-    roomy = intake.decide(Limit(1, "x"), EngineNow(0, 0, 0.0, finished=1, prompt_tokens=10, generated_tokens=10, engine_seconds=1), BOUNDS)
+    roomy = intake.room_and_pace(Limit(1, "x"), EngineNow(0, 0, 0.0, finished=1, prompt_tokens=10, generated_tokens=10, engine_seconds=1), BOUNDS)
     assert roomy.value == 30 and roomy.target == 30 and "paced" not in roomy.reason
 
 
 def test_without_figures_or_a_kv_cache_size_the_worker_takes_up_to_max_concurrency() -> None:
-    assert intake.decide(Limit(3, "x"), None, BOUNDS) == Limit(30, intake.NO_FIGURES_REASON)
-    no_kv = intake.decide(Limit(3, "x"), EngineNow(3, 2, 0.3), Bounds(30, max_model_len=2048))
+    assert intake.room_and_pace(Limit(3, "x"), None, BOUNDS) == Limit(30, intake.NO_FIGURES_REASON)
+    no_kv = intake.room_and_pace(Limit(3, "x"), EngineNow(3, 2, 0.3), Bounds(30, max_model_len=2048))
     assert (no_kv.value, no_kv.reason, no_kv.waiting) == (30, intake.NO_KV_REASON, 2)
-    assert intake.decide(Limit(3, "x"), EngineNow(3, 0, 0.3), Bounds(30, kv_tokens=4096)).value == 30  # no length either
+    assert intake.room_and_pace(Limit(3, "x"), EngineNow(3, 0, 0.3), Bounds(30, kv_tokens=4096)).value == 30  # no length either
 
 
 def test_the_first_limit_is_what_the_kv_cache_holds_at_max_model_len() -> None:
@@ -246,15 +248,17 @@ def test_the_holder_logs_a_change_at_most_every_log_every_s(caplog: pytest.LogCa
     gate = intake.Intake(lambda: BOUNDS, held=lambda: 5)
     paced = EngineNow(5, 0, 0.5, finished=1, prompt_tokens=42, generated_tokens=600, engine_seconds=12, block_size=128)
     with caplog.at_level(logging.INFO, logger="vllm_worker"):
-        gate.observe(paced, 100.0)  # 3 -> 5, paced to 9: logged
-        gate.observe(EngineNow(4, 0, 0.95, block_size=128), 110.0)  # 5 -> 4, within LOG_EVERY_S of the last line
+        gate.observe(paced, 100.0)  # 3 -> 6, paced to 7 (the room of 5 and one to wait, within 5 running + 2): logged
+        gate.observe(EngineNow(4, 0, 0.95, block_size=128), 110.0)  # 6 -> 4, within LOG_EVERY_S of the last line
         gate.observe(EngineNow(3, 0, 0.95, block_size=128), 130.0)  # 4 -> 3, LOG_EVERY_S after it: logged, 2 changes
         assert len(caplog.records) == 2  # at LOG_EVERY_S exactly, not at the next read
         gate.observe(EngineNow(3, 0, 0.95, block_size=128), 170.0)  # no change: nothing
     lines = [r.getMessage() for r in caplog.records]
     assert [line.split(":")[0] for line in lines] == [
-        "taking up to 5 job(s) at once, then one at a time up to 9 (was 3)",
-        "taking up to 3 job(s) at once, then one at a time up to 9 (was 5; 2 changes since the last line)",
+        "taking up to 6 job(s) at once, then one at a time up to 7 (was 3)",
+        # Running requests that hold 95% of the cache hold more than the recent ones did: the jobs changed, the pace
+        # (from the recent ones) is forgotten.
+        "taking up to 3 job(s) at once (was 6; 2 changes since the last line)",
     ]
 
 
@@ -316,7 +320,7 @@ def test_the_status_job_shows_the_limit_the_pace_why_and_the_slots_left_to_the_p
     from vllm_worker.serving.state import WorkerState
 
     gate = intake.Intake(lambda: BOUNDS, held=lambda: 6)
-    read = EngineNow(5, 1, 0.98, preempted=1, finished=1, prompt_tokens=42, generated_tokens=600, engine_seconds=12, block_size=128)
+    read = EngineNow(5, 1, 0.9, preempted=1, finished=1, prompt_tokens=42, generated_tokens=600, engine_seconds=12, block_size=128)
     gate.observe(read, 1.0)
     state = WorkerState(served_model_name="m", ready=threading.Event())  # not ready: no /metrics read
     state.load_watch = engine_load.LoadWatch("127.0.0.1", 1, lambda: LaunchProfile.parse({}), 30, intake=gate)
@@ -331,8 +335,10 @@ def test_the_status_job_shows_the_limit_the_pace_why_and_the_slots_left_to_the_p
         handler.configure(None)  # type: ignore[arg-type]
     shown = report["intake"]
     assert shown == gate.status()
-    assert (shown["limit"], shown["paced_up_to"], shown["left_in_platform_queue"]) == (5, 9, 21)
+    # A request waits inside the engine and one was preempted: no more than it runs (the rule's target of 9 waits).
+    assert (shown["limit"], shown["paced_up_to"], shown["left_in_platform_queue"]) == (5, 5, 25)
     assert shown["pace_seconds"] == round(12 / (4096 / 406), 3)
+    assert "at most 5 held: the engine has shown room for 5" in shown["reason"]
     assert shown["recent_requests"] == {"prompt_tokens": 42.0, "generated_tokens": 600.0, "engine_seconds": 12.0}
     assert "1 preempted since the last read" in shown["reason"] and shown["engine"]["waiting"] == 1
     assert shown["engine"]["held_by_worker"] == 6
@@ -356,25 +362,25 @@ def test_below_max_concurrency_max_num_seqs_and_one_more_bound_what_is_taken_and
     assert start.value == 9 and start.reason.endswith("; " + words)
     roomy = EngineNow(8, 1, 0.01, finished=1, prompt_tokens=42, generated_tokens=600, engine_seconds=12, block_size=16,
                       generated_now=800, seconds=1.0, running_before=8)
-    limit = intake.decide(start, roomy, seqs)
+    limit = intake.room_and_pace(start, roomy, seqs)
     assert (limit.value, limit.target, limit.pace_s, limit.waiting) == (9, None, None, 0)  # at MAX_NUM_SEQS: not paced
     assert limit.reason.endswith("; " + words)
     assert intake.allowed(limit, 9, None, 0.0) == 9  # full: nothing more, paced or not
-    assert intake.decide(start, None, seqs) == Limit(9, intake.NO_FIGURES_REASON.removesuffix("up to MAX_CONCURRENCY") + words)
-    assert intake.decide(start, EngineNow(3, 0, 0.1), Bounds(30, max_num_seqs=8)).value == 9  # no KV size: MAX_NUM_SEQS
+    assert intake.room_and_pace(start, None, seqs) == Limit(9, intake.NO_FIGURES_REASON.removesuffix("up to MAX_CONCURRENCY") + words)
+    assert intake.room_and_pace(start, EngineNow(3, 0, 0.1), Bounds(30, max_num_seqs=8)).value == 9  # no KV size: MAX_NUM_SEQS
     # Where the cache, not MAX_NUM_SEQS, bounds the jobs, the reason does not name it; nor where it is not below.
-    tight = intake.decide(start, roomy, Bounds(30, kv_tokens=4096, max_model_len=2048, max_num_seqs=16))
+    tight = intake.room_and_pace(start, roomy, Bounds(30, kv_tokens=4096, max_model_len=2048, max_num_seqs=16))
     assert "MAX_NUM_SEQS" not in tight.reason and tight.value == 8
     # MAX_NUM_SEQS running where the cache is the bound too: paced, and held back while requests wait in vLLM.
     full = EngineNow(8, 1, 0.9, finished=1, prompt_tokens=42, generated_tokens=600, engine_seconds=12, block_size=128,
                      generated_now=800, seconds=1.0, running_before=8)
-    both = intake.decide(start, full, Bounds(30, kv_tokens=4096, max_model_len=2048, max_num_seqs=8))
+    both = intake.room_and_pace(start, full, Bounds(30, kv_tokens=4096, max_model_len=2048, max_num_seqs=8))
     assert (both.value, both.waiting) == (8, 1) and both.pace_s is not None
-    exact = intake.decide(start, EngineNow(0, 0, 0.0, block_size=16), Bounds(30, 9 * 656, 656, max_num_seqs=8))
+    exact = intake.room_and_pace(start, EngineNow(0, 0, 0.0, block_size=16), Bounds(30, 9 * 656, 656, max_num_seqs=8))
     assert exact.value == 9 and "MAX_NUM_SEQS" not in exact.reason  # the cache holds exactly 9: it, not vLLM, bounds
     assert intake.first(Bounds(30, max_num_seqs=32)) == intake.first(Bounds(30))
     assert intake.first(Bounds(30, max_num_seqs=29)) == intake.first(Bounds(30))  # 29 and one more: 30
-    assert intake.decide(start, None, Bounds(30, max_num_seqs=30)).reason == intake.NO_FIGURES_REASON
+    assert intake.room_and_pace(start, None, Bounds(30, max_num_seqs=30)).reason == intake.NO_FIGURES_REASON
     # The cache holds 4 of MAX_MODEL_LEN and one more is taken: MAX_NUM_SEQS=4 and one more is the same bound, not named.
     assert "MAX_NUM_SEQS" not in intake.first(Bounds(30, 4 * 2048, 2048, max_num_seqs=4)).reason
     assert intake.first(Bounds(30, 4 * 2048, 2048, max_num_seqs=3)).reason.endswith("(below MAX_CONCURRENCY=30)")
@@ -385,19 +391,22 @@ def test_paced_under_max_num_seqs_requests_start_its_share_of_a_request_apart() 
     b = Bounds(30, kv_tokens=20 * 406, max_model_len=2048, max_num_seqs=4)
     read = EngineNow(1, 0, 0.05, finished=1, prompt_tokens=42, generated_tokens=600, engine_seconds=12, block_size=128,
                      generated_now=100, seconds=1.0, running_before=1)
-    limit = intake.decide(intake.first(b), read, b)
+    limit = intake.room_and_pace(intake.first(b), read, b)
     assert limit.pace_s == pytest.approx(600 / 4 * 0.01)  # 10 ms a token: 1 s x 1 running / 100 tokens
     # Past the room (a cache 90% used), the reason says what the spread is.
-    fuller = EngineNow(3, 0, 0.9, finished=1, prompt_tokens=42, generated_tokens=600, engine_seconds=12, block_size=128,
+    # (A cache of 3,572 tokens: 3 running requests of these hold at most 2,304, so it can be past the room while
+    # each holds no more than a recent one did to its end.)
+    fuller = EngineNow(3, 0, 0.3, finished=1, prompt_tokens=42, generated_tokens=600, engine_seconds=12, block_size=128,
                        generated_now=300, seconds=1.0, running_before=3)
-    paced = intake.decide(intake.first(b), fuller, b)
+    small = Bounds(30, kv_tokens=3572, max_model_len=2048, max_num_seqs=4)
+    paced = intake.room_and_pace(intake.first(small), fuller, small)
     assert (paced.value, paced.target) == (4, 5)
     assert "(150 tokens of a running request apart: a recent request's 600 generated tokens over the 4 run at most" in paced.reason
-    unbound = intake.decide(intake.first(BOUNDS), read, Bounds(30, kv_tokens=20 * 406, max_model_len=2048))
+    unbound = intake.room_and_pace(intake.first(BOUNDS), read, Bounds(30, kv_tokens=20 * 406, max_model_len=2048))
     assert unbound.pace_s == pytest.approx(600 / 20 * 0.01)
     assert "over the 20.0 the cache holds on average" in unbound.reason
     # MAX_NUM_SEQS at or above MAX_CONCURRENCY bounds nothing: the spread is the cache's.
-    above = intake.decide(intake.first(BOUNDS), read, Bounds(4, kv_tokens=20 * 406, max_model_len=2048, max_num_seqs=6))
+    above = intake.room_and_pace(intake.first(BOUNDS), read, Bounds(4, kv_tokens=20 * 406, max_model_len=2048, max_num_seqs=6))
     assert above.pace_s == pytest.approx(600 / 20 * 0.01)
 
 
@@ -518,8 +527,100 @@ def test_without_pacing_the_engine_runs_in_lockstep_and_half_empty() -> None:
     # together and the cache refills in one go, so the engine runs about as many as fit to their end.
     kw = dict(blocks=32, block_size=128, prompt=42, generate=600, seconds=120.0)
     given_all = kv_model.run(fixed(30), lambda *a: None, **kw)  # type: ignore[arg-type]
-    limit, observe, _ = capacity_aware(BOUNDS)
+    # No jobs waiting inside vLLM on purpose (buffer 0): the room alone against the room and the pace.
+    unbuffered = Bounds(30, 4096, 2048, buffer=0)
+    limit, observe, _ = capacity_aware(unbuffered)
     paced = kv_model.run(limit, observe, **kw)  # type: ignore[arg-type]
-    _, observe, gate = capacity_aware(BOUNDS)
+    _, observe, gate = capacity_aware(unbuffered)
     room_only = kv_model.run(lambda at, held, engine: max(held, gate.value), observe, **kw)  # type: ignore[arg-type]
     assert room_only.running < 0.7 * given_all.running < 0.85 * given_all.running < paced.running
+
+
+# --- a workload that changes (issue 43): growth by evidence, falls on waiting -------------------------------
+
+
+def shown_at_take(b: Bounds) -> Callable[[float, kv_model.Engine, int], int]:
+    """What the engine has shown room for at a take, by the definition in serving.intake: what it runs, the
+    requests of MAX_MODEL_LEN its free cache holds to their end (one at least, growing by one a read), and the
+    jobs kept waiting inside it (MAX_BUFFER at most). Less what the worker already holds: a take asks for the
+    rest."""
+
+    def shown(at: float, engine: kv_model.Engine, held: int) -> int:
+        free = engine.free * engine.block_size
+        full = free // (math.ceil(2048 / engine.block_size) * engine.block_size) if b.max_model_len else 0
+        # One read's growth (one more) may come on top of what a read saw; the running ones may have ended since.
+        return max(1, len(engine.running) + len(engine.waiting) + max(1, full) + 1 + intake.MAX_BUFFER) - held
+
+    return shown
+
+
+SHIFTS = [
+    # (cache blocks, block size, first jobs' generated tokens, then the burst's): short chat turns, then long
+    # generations, on the CPU backend's cache and a GPU's; and long, then short.
+    (32, 128, 20, 600),
+    (256, 16, 20, 600),
+    (48, 128, 50, 900),
+    (32, 128, 600, 20),
+]
+
+
+@pytest.mark.parametrize("blocks, block, before, after", SHIFTS)
+def test_a_burst_of_other_jobs_after_a_run_of_short_or_long_ones_waits_in_the_platforms_queue(
+    blocks: int, block: int, before: int, after: int
+) -> None:
+    # 10 jobs of one size, then 40 of another queued behind them (the issue's case: after short jobs a take of 20,
+    # 26 in this model, where the cache held 5). Sampled once a job of the burst has been taken.
+    b = Bounds(30, blocks * block, 2048)
+    limit, observe, _ = capacity_aware(b)
+    out = kv_model.run(
+        limit, observe, blocks=blocks, block_size=block, prompt=42, generate=after, seconds=900.0, jobs=50,
+        sizes=lambda n: (42, before) if n < 10 else (42, after), shown=shown_at_take(b),
+    )  # fmt: skip
+    assert out.ended < 900.0  # all 50 answered
+    assert out.taken_not_running and p95(out.taken_not_running) <= 3, out.taken_not_running
+    # No take asks for more than the engine has shown room for, whatever the recent jobs' sizes.
+    assert all(asked <= shown for _, asked, shown in out.takes), [t for t in out.takes if t[1] > t[2]]
+    assert max(asked for _, asked, _ in out.takes) <= 1 + intake.MAX_BUFFER + (blocks * block) // 2048
+
+
+def test_once_the_running_requests_outgrow_the_recent_ones_what_they_said_is_forgotten() -> None:
+    short = EngineNow(0, 0, 0.0, finished=10, prompt_tokens=420, generated_tokens=200, engine_seconds=5.0, block_size=128)
+    limit = intake.decide(intake.first(BOUNDS), short, BOUNDS)
+    assert limit.recent is not None and limit.recent.length == pytest.approx(62.0)
+    # The jobs that follow are long: four running hold 60% of 4,096 tokens, 614 each, where the recent ones held a
+    # block (128) to their end.
+    grown = EngineNow(4, 0, 0.6, block_size=128)
+    assert intake.outgrown(grown, 4096, 62.0, 128) and not intake.outgrown(grown, 4096, 642.0, 128)
+    after = intake.decide(limit, grown, BOUNDS)
+    assert after.recent is None and after.target is None
+    assert after.value == 4  # what runs: no room for one of MAX_MODEL_LEN, no growth, nothing to wait in it
+    assert "the running requests already hold more than the recent ones held to their end" in after.reason
+    assert not intake.outgrown(EngineNow(0, 0, 0.0), 4096, 62.0, 128)
+
+
+@given(bounds, st.lists(reads, min_size=1, max_size=30))
+def test_a_decision_never_holds_more_than_the_engine_has_shown_room_for(b: Bounds, sequence: list[EngineNow]) -> None:
+    limit = intake.first(b)
+    for now in sequence:
+        limit = intake.decide(limit, now, b)
+        kv = b.kv_tokens or now.kv_tokens
+        assert 1 <= limit.value <= b.top
+        assert limit.target is None or limit.value <= limit.target <= b.top
+        if kv and limit.reason not in (intake.NO_KV_REASON,) and "unknown" not in limit.reason:
+            kept = intake.buffer_for(b, now.finished, now.seconds, now.preempted) if limit.recent is not None else 0
+            shown = intake.shown_room(now, kv, b.max_model_len, grow=limit.recent is not None) + kept
+            assert limit.value <= max(1, shown) and (limit.target is None or limit.target <= max(limit.value, shown))
+            if now.waiting > 0 or now.preempted > 0:  # no growth: what runs, and the room for the longest
+                full = intake.room(now, kv, b.max_model_len) if b.max_model_len else 0
+                assert limit.value <= max(1, now.running + full) + kept
+
+
+def test_the_buffer_is_what_ends_in_a_takes_round_trip_one_at_least_two_at_most() -> None:
+    b = Bounds(30, 4096, 2048)
+    assert intake.buffer_for(b, 0, 0.0, 0) == 1
+    assert intake.buffer_for(b, 1, 1.0, 0) == 1
+    assert intake.buffer_for(b, 3, 2.0, 0) == 2  # 1.5 a second: two in a round trip
+    assert intake.buffer_for(b, 50, 1.0, 0) == intake.MAX_BUFFER == 2
+    assert intake.buffer_for(b, 5, 1.0, 1) == 0  # vLLM preempts: its cache is overfilled
+    assert intake.buffer_for(Bounds(30, 4096, 2048, buffer=4), 0, 1.0, 0) == 4
+    assert intake.buffer_for(Bounds(30, 4096, 2048, buffer=0), 9, 1.0, 0) == 0

@@ -8,6 +8,7 @@ user reads in the status job.
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 import pytest
 
@@ -26,7 +27,7 @@ def test_a_request_of_one_token_is_a_length() -> None:
     assert intake.first(Bounds(30, kv_tokens=4, max_model_len=1)).value == 5  # 4 of 1 token, +1
     # 3 running hold 3 of 8 tokens: 5 more fit, the limit is 8.
     one = EngineNow(3, 0, 0.0, finished=1, prompt_tokens=1, engine_seconds=0.0)
-    limit = intake.decide(Limit(3, "x"), one, Bounds(30, kv_tokens=8, max_model_len=1))
+    limit = intake.room_and_pace(Limit(3, "x"), one, Bounds(30, kv_tokens=8, max_model_len=1))
     assert limit.value == 8 and "holds 5 more request(s) of 1 tokens to their end" in limit.reason
     assert limit.target is None  # no time in the engine known: nothing paced
 
@@ -52,37 +53,37 @@ def test_the_start_and_unknown_size_reasons_are_whole_sentences() -> None:
 
 def test_max_concurrency_one_is_a_limit_of_one() -> None:
     one = Bounds(max_concurrency=1, kv_tokens=4096, max_model_len=2048)
-    assert intake.decide(Limit(1, "x"), None, one).value == 1
-    limit = intake.decide(Limit(1, "x"), FIVE, one)
+    assert intake.room_and_pace(Limit(1, "x"), None, one).value == 1
+    limit = intake.room_and_pace(Limit(1, "x"), FIVE, one)
     assert (limit.value, limit.target) == (1, 1) and "paced" not in limit.reason
     assert intake.Intake(lambda: one, adaptive=False).value == 1
     gate = intake.Intake(lambda: one)
     assert gate.status()["left_in_platform_queue"] == 0 and gate.status()["max_concurrency"] == 1
-    assert intake.decide(Limit(1, "x"), EngineNow(0, 0, 0.0), Bounds(0, 4096, 2048)).value == 1
+    assert intake.room_and_pace(Limit(1, "x"), EngineNow(0, 0, 0.0), Bounds(0, 4096, 2048)).value == 1
 
 
 def test_no_figures_keeps_the_recent_requests() -> None:
-    limit = intake.decide(Limit(3, "x", target=9, pace_s=1.0, waiting=1, recent=BENCH), None, BOUNDS)
+    limit = intake.room_and_pace(Limit(3, "x", target=9, pace_s=1.0, waiting=1, recent=BENCH), None, BOUNDS)
     assert limit == Limit(30, intake.NO_FIGURES_REASON, recent=BENCH)
 
 
 def test_the_recent_requests_length_replaces_max_model_len() -> None:
-    limit = intake.decide(Limit(3, "x", recent=Recent(100.0, 300.0, 0.0)), EngineNow(3, 0, 0.1), BOUNDS)
+    limit = intake.room_and_pace(Limit(3, "x", recent=Recent(100.0, 300.0, 0.0)), EngineNow(3, 0, 0.1), BOUNDS)
     assert limit.value == 10 and limit.reason.endswith("holds 7 more request(s) of 400 tokens to their end")
     assert limit.target is None  # engine_seconds 0: no pace
 
 
 def test_a_length_of_none_or_zero_is_an_unknown_size() -> None:
-    zero = intake.decide(Limit(3, "x", recent=Recent(0.0, 0.0, 1.0)), EngineNow(3, 0, 0.1), BOUNDS)
+    zero = intake.room_and_pace(Limit(3, "x", recent=Recent(0.0, 0.0, 1.0)), EngineNow(3, 0, 0.1), BOUNDS)
     assert (zero.value, zero.reason) == (30, intake.NO_KV_REASON)
-    assert intake.decide(Limit(3, "x"), EngineNow(3, 0, 0.1, kv_tokens=4096), Bounds(30)).reason == intake.NO_KV_REASON
+    assert intake.room_and_pace(Limit(3, "x"), EngineNow(3, 0, 0.1, kv_tokens=4096), Bounds(30)).reason == intake.NO_KV_REASON
     # vLLM's own KV cache size serves where the plan has none.
-    own = intake.decide(Limit(3, "x"), EngineNow(3, 0, 0.1, kv_tokens=4096), Bounds(30, max_model_len=2048))
+    own = intake.room_and_pace(Limit(3, "x"), EngineNow(3, 0, 0.1, kv_tokens=4096), Bounds(30, max_model_len=2048))
     assert own.value == 3 and own.reason.startswith("3 running, 0 waiting, KV cache 10% used: the KV cache holds 0 more")
 
 
 def test_the_paced_reason_says_the_average_the_pace_and_the_target() -> None:
-    limit = intake.decide(Limit(5, "x"), FIVE, BOUNDS)
+    limit = intake.room_and_pace(Limit(5, "x"), FIVE, BOUNDS)
     assert limit.reason == (
         "5 running, 0 waiting, KV cache 50% used: the KV cache holds 0 more request(s) of 642 tokens to their end; "
         "paced: one more every 1.19 s (59 tokens of a running request apart: a recent request's 600 generated tokens "
@@ -94,7 +95,7 @@ def test_the_paced_reason_says_the_average_the_pace_and_the_target() -> None:
 def test_a_target_no_higher_than_the_room_paces_only_a_worker_kept_full() -> None:
     # The room is 29 (1 running); 4,096 / (10 + 5 + 64) holds 51 on average: capped at 30.
     small = EngineNow(1, 0, 0.0, finished=1, prompt_tokens=10, generated_tokens=10, engine_seconds=1, block_size=128)
-    limit = intake.decide(Limit(1, "x"), small, BOUNDS)
+    limit = intake.room_and_pace(Limit(1, "x"), small, BOUNDS)
     assert (limit.value, limit.target) == (30, 30) and limit.pace_s == pytest.approx(1 / (4096 / 79))
     assert "paced" not in limit.reason
     assert intake.allowed(limit, 3, 0.0, 0.001) == 30  # not kept full: the room at once
@@ -152,18 +153,18 @@ def test_the_holder_before_any_read_and_after_one() -> None:
     assert gate.status() == {
         "adaptive": True,
         "limit": 5,
-        "paced_up_to": 9,
+        "paced_up_to": 5,  # the rule's 9 waits: while one waits in the engine and it preempts, what it runs
         "pace_seconds": round(12.0 / (4096 / (127 / 3 + 1801 / 6 + 64)), 3),
         "max_concurrency": 30,
         "max_num_seqs": None,
         "reason": after.reason,
         "engine": {"running": 5, "waiting": 1, "kv_cache_usage": 0.1235, "preempted_since_last_read": 2, "held_by_worker": 3},
         "recent_requests": {"prompt_tokens": 42.3, "generated_tokens": 600.3, "engine_seconds": 12.0},
-        "left_in_platform_queue": 21,
+        "left_in_platform_queue": 25,
     }
     assert after.reason.endswith(
         "up to 9, what it holds at their peaks, once more jobs have ended than the 1 request(s) waiting inside the engine "
-        "(2 preempted since the last read)"
+        "(2 preempted since the last read); at most 5 held: the engine has shown room for 5"
     )
     gate.observe(None, 300.0)  # no figures (DISABLE_LOG_STATS): none shown
     assert gate.status()["engine"] is None and gate.value == 30 and gate.status()["left_in_platform_queue"] == 0
@@ -177,14 +178,14 @@ def test_the_log_line_names_the_pace_only_when_there_is_one(caplog: pytest.LogCa
         gate.observe(FIVE, 180.0)  # 2 -> 5, paced to 9
         gate.observe(FIVE, 220.0)  # the same: no line
         roomy = EngineNow(0, 0, 0.0, finished=1, prompt_tokens=10, generated_tokens=10, engine_seconds=1, block_size=128)
-        reason = intake.Intake(lambda: BOUNDS).observe(roomy, 0.0).reason  # 3 -> 30, its target 30 too: nothing to pace
+        # After one short request, the room for 30 of them: taken as the engine shows room, not at once (3 -> 3).
+        reason = intake.Intake(lambda: BOUNDS).observe(roomy, 0.0).reason
     lines = [r.getMessage() for r in caplog.records]
     assert [line.split(":")[0] for line in lines] == [
         "taking up to 2 job(s) at once (was 3)",
-        "taking up to 5 job(s) at once, then one at a time up to 9 (was 2)",
-        "taking up to 30 job(s) at once (was 3)",
+        "taking up to 6 job(s) at once, then one at a time up to 7 (was 2)",  # the room and one to wait; 5 running + 2
     ]
-    assert lines[-1].endswith(": " + reason)
+    assert reason.endswith("; at most 3 held: the engine has shown room for 2, and 1 to wait in it")
 
 
 def test_bounds_take_whole_positive_figures_only() -> None:
@@ -208,10 +209,14 @@ def test_more_jobs_ended_since_the_read_than_waited_lift_its_waiting() -> None:
 
 def test_the_holder_counts_an_end_from_what_it_holds_and_forgets_it_at_the_next_read() -> None:
     clock, held = [100.0], [7]
-    gate = intake.Intake(lambda: BOUNDS, held=lambda: held[0], clock=lambda: clock[0])
+    # No request waits inside vLLM on purpose (the one waiting is preempted), and a MAX_MODEL_LEN short enough that
+    # the free cache holds one more of it beside what runs: the engine has shown room for 7 while one waits.
+    unbuffered = replace(BOUNDS, buffer=0, max_model_len=128)
+    gate = intake.Intake(lambda: unbuffered, held=lambda: held[0], clock=lambda: clock[0])
     waits = EngineNow(6, 1, 0.95, finished=1, prompt_tokens=42, generated_tokens=600, engine_seconds=12, block_size=128)
     gate.observe(waits, 100.0)
-    assert gate._limit.waiting and gate._limit.target == 9
+    # The rule's target of 9, within what the engine holds while one waits in it (6 running, 1 waiting): 7.
+    assert gate._limit.waiting and gate._limit.target == 7
     assert gate.allowed_now() == 7  # what waited still waits
     clock[0] = 100.5
     assert gate.allowed_now() == 7 and not gate._ended_since_read  # held the same: nothing ended
@@ -224,16 +229,18 @@ def test_the_holder_counts_an_end_from_what_it_holds_and_forgets_it_at_the_next_
     gate.observe(waits, 102.0)  # a new read that still sees one waiting
     held[0], clock[0] = 7, 103.0
     assert not gate._ended_since_read and gate.allowed_now() == 7
-    held[0], clock[0] = 4, 103.5  # three answered between two questions: all counted (and under the room: the room)
-    assert gate._ended_since_read == 0 and gate.allowed_now() == 6 and gate._ended_since_read == 3
+    # Three answered between two questions: all counted; the worker held all it was allowed (7) within a request's
+    # time, so what ended is refilled paced: one more.
+    held[0], clock[0] = 4, 103.5
+    assert gate._ended_since_read == 0 and gate.allowed_now() == 5 and gate._ended_since_read == 3
 
 
 def test_a_time_in_the_engine_too_small_to_divide_paces_nothing() -> None:
     # Hypothesis found it: 5e-324 s over the cache's average is 0.0, a pace of nothing.
     tiny = EngineNow(0, 0, 0.0, finished=1, generated_tokens=1.0, engine_seconds=5e-324)
-    limit = intake.decide(Limit(1, "x"), tiny, Bounds(1, kv_tokens=2))
+    limit = intake.room_and_pace(Limit(1, "x"), tiny, Bounds(1, kv_tokens=2))
     assert (limit.target, limit.pace_s) == (None, None)
-    assert intake.decide(Limit(1, "x"), FIVE, BOUNDS).pace_s == pytest.approx(12 / (4096 / 406))
+    assert intake.room_and_pace(Limit(1, "x"), FIVE, BOUNDS).pace_s == pytest.approx(12 / (4096 / 406))
 
 
 def test_the_status_gives_the_time_in_the_engine_to_the_millisecond() -> None:
@@ -244,12 +251,12 @@ def test_the_status_gives_the_time_in_the_engine_to_the_millisecond() -> None:
 
 def test_without_a_kv_cache_size_the_recent_requests_are_still_followed() -> None:
     now = EngineNow(3, 0, 0.3, finished=2, prompt_tokens=20, generated_tokens=40, engine_seconds=4.0)
-    limit = intake.decide(Limit(3, "x"), now, Bounds(30))
+    limit = intake.room_and_pace(Limit(3, "x"), now, Bounds(30))
     assert limit.reason == intake.NO_KV_REASON and limit.recent == Recent(10.0, 20.0, 2.0)
 
 
 def test_a_cache_that_holds_less_than_one_request_on_average_still_paces_one_at_a_time() -> None:
     # 256 tokens against a request that holds 406 on average over its life: the room is one, and one is the target.
     now = EngineNow(0, 0, 0.0, finished=1, prompt_tokens=42, generated_tokens=600, engine_seconds=12, block_size=128)
-    limit = intake.decide(Limit(1, "x"), now, Bounds(30, kv_tokens=256, max_model_len=2048))
+    limit = intake.room_and_pace(Limit(1, "x"), now, Bounds(30, kv_tokens=256, max_model_len=2048))
     assert (limit.value, limit.target) == (1, 1) and limit.pace_s == pytest.approx(12 / (256 / 406))

@@ -46,7 +46,7 @@ import logging
 import math
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping
 
 log = logging.getLogger("vllm_worker")
@@ -69,6 +69,7 @@ class Bounds:
     kv_tokens: int | None = None
     max_model_len: int | None = None
     max_num_seqs: int | None = None  # the requests vLLM runs at once (None: unknown, a vLLM config file's)
+    buffer: int | None = None  # jobs kept waiting inside vLLM past what it runs (None: `buffer_for` the completions)
 
     @property
     def top(self) -> int:
@@ -138,6 +139,50 @@ def recent(before: Recent | None, now: EngineNow) -> Recent | None:
     return Recent(*(keep * old + (1 - keep) * new for old, new in zip(
         (before.prompt, before.generated, before.engine_seconds), (means.prompt, means.generated, means.engine_seconds)
     )))
+
+
+# A take's round trip: the job loop's ask, the platform's answer, the job to the engine (serving.platform asks
+# every ROOM_POLL_S while full; a job then reaches vLLM within about this).
+ROUND_TRIP_S = 1.0
+MAX_BUFFER = 2  # at most this many derived: the acceptance of issue 43 allows 3 taken and not running (p95)
+
+
+def buffer_for(bounds: Bounds, finished: int, seconds: float, preempted: int) -> int:
+    """Jobs kept waiting inside vLLM past what it runs, so a request that ends is refilled by vLLM at its next
+    step while the worker's next take is under way: what ends in a take's round trip (ROUND_TRIP_S at the
+    completion rate of the last read), one at least, MAX_BUFFER at most; Bounds.buffer where set. None while
+    vLLM preempts: its cache is overfilled, and a request waiting there would only wait longer."""
+    if preempted > 0:
+        return 0
+    if bounds.buffer is not None:
+        return max(0, bounds.buffer)
+    rate = finished / seconds if seconds > 0 else 0.0
+    return max(1, min(MAX_BUFFER, math.ceil(rate * ROUND_TRIP_S - 1e-9)))
+
+
+def outgrown(now: EngineNow, kv_tokens: int, length: float, block: int) -> bool:
+    """The requests running now hold more of the cache each, on average, than the recent ones held to their end:
+    the jobs have changed (short ones, then long ones), and what the recent requests say is wrong until the new
+    ones end."""
+    if now.running <= 0:
+        return False
+    return now.kv_cache_usage * kv_tokens / now.running > _blocks(length, block) + 1e-9
+
+
+def shown_room(now: EngineNow, kv_tokens: int, max_model_len: int | None, grow: bool = True) -> int:
+    """The most jobs the engine has shown room for, whatever the past requests' sizes: those it runs, and beside
+    them the requests of MAX_MODEL_LEN its free cache holds to their end (what an idle cache holds whatever
+    comes), or one more where that is fewer: growth by one a read while it shows room; none while requests
+    wait inside it or it preempts (they show the cache is full: what it runs, so what waits starts before a new
+    job is taken), or while `grow` is off (the jobs changed).
+
+    Why: the room and the pace follow the recent requests, and a change of the jobs makes them wrong at once
+    (after short chat turns a burst of long generations: 26 taken at one take where the cache held 5, in
+    tests/support/kv_model.py; 20 in one batch on the real engine, issue 43)."""
+    full = room(now, kv_tokens, max_model_len) if max_model_len else 0
+    if now.waiting > 0 or now.preempted > 0 or not grow:
+        return max(1, now.running + full)
+    return max(1, now.running + max(1, full))
 
 
 @dataclass(frozen=True)
@@ -262,7 +307,14 @@ def _figures(now: EngineNow) -> str:
 
 
 def decide(current: Limit, now: EngineNow | None, bounds: Bounds) -> Limit:
-    """The limit after one read of the engine."""
+    """The limit after one read of the engine: the room and the pace the recent requests give (`room_and_pace`),
+    within what the engine has shown room for, with a few jobs to wait inside it (`bounded`)."""
+    return bounded(room_and_pace(current, now, bounds), now, bounds)
+
+
+def room_and_pace(current: Limit, now: EngineNow | None, bounds: Bounds) -> Limit:
+    """What the recent requests say: the requests the KV cache holds to their end beside what runs (the room),
+    and past it, paced, what it holds at their peaks (the target)."""
     top = bounds.top
     if now is None:
         return Limit(top, bounds.up_to(NO_FIGURES_REASON), recent=current.recent, token_s=current.token_s)
@@ -272,6 +324,14 @@ def decide(current: Limit, now: EngineNow | None, bounds: Bounds) -> Limit:
     length = lately.length if lately is not None else bounds.max_model_len
     if not kv or not length or length <= 0:
         return Limit(top, bounds.up_to(NO_KV_REASON), waiting=now.waiting, recent=lately, token_s=step)
+    block = now.block_size or 1
+    stale = lately is not None and outgrown(now, kv, lately.length, block) and bool(bounds.max_model_len)
+    if stale:
+        # The jobs have changed: what the recent requests said is forgotten, and until the new ones end the room
+        # is for the longest, with neither growth nor a buffer (either would be admitted by vLLM now, and
+        # preempted when the requests grow).
+        assert bounds.max_model_len is not None
+        length, lately = bounds.max_model_len, None
     fits = room(now, kv, length)
     value = max(1, min(top, now.running + fits))
     # MAX_NUM_SEQS running and the cache not the bound: what waits in vLLM waits for a slot (the one more taken
@@ -279,9 +339,10 @@ def decide(current: Limit, now: EngineNow | None, bounds: Bounds) -> Limit:
     # their own spread: not paced either (paced, the one more came a pace after the last end, too late).
     at_seqs = bounds.seqs_bound and bounds.max_num_seqs is not None and now.running >= bounds.max_num_seqs and value >= top
     reason = f"{_figures(now)}: the KV cache holds {fits} more request(s) of {length:,.0f} tokens to their end"
+    if stale:
+        reason += " (the running requests already hold more than the recent ones held to their end)"
     target = pace = None
     wanted = now.running + fits
-    block = now.block_size or 1
     average = held_on_average(kv, lately, block) if lately is not None else 0.0
     if not at_seqs and lately is not None and step is not None and average > 0 and lately.generated / average * step > 0:
         peaks = paced_target(kv, lately, block)
@@ -302,7 +363,36 @@ def decide(current: Limit, now: EngineNow | None, bounds: Bounds) -> Limit:
     reason += _capped(bounds, wanted)
     if now.preempted > 0:
         reason += f" ({now.preempted} preempted since the last read)"
-    return Limit(value, reason, target, pace, 0 if at_seqs else now.waiting, lately, step)
+    waiting = 0 if at_seqs else now.waiting
+    return Limit(value, reason, target, pace, waiting, lately, step)
+
+
+def bounded(rule: Limit, now: EngineNow | None, bounds: Bounds) -> Limit:
+    """`rule` within what the engine has shown room for (`shown_room`), and `buffer_for` jobs more to wait inside it.
+
+    Before any request has ended, or since the jobs changed (`rule.recent` forgotten), nothing is known of their
+    lengths: the room for the longest is all the engine has shown, and nothing waits inside it on purpose."""
+    kv = (bounds.kv_tokens or now.kv_tokens) if now is not None else None
+    if now is None or not kv:
+        return rule
+    top = bounds.top
+    known = rule.recent is not None
+    kept = buffer_for(bounds, now.finished, now.seconds, now.preempted) if known else 0
+    shown = shown_room(now, kv, bounds.max_model_len, grow=known) + kept
+    wanted = min(top, max(rule.value + kept if rule.target is None else min(rule.value + kept, rule.target), rule.target or 0))
+    # Nor past the paced target on the room's side: requests running at or past what the cache holds at their peaks
+    # leave none for one more to wait.
+    ceiling = top if rule.target is None else max(rule.value, rule.target)
+    value = max(1, min(top, rule.value + kept, ceiling, shown))
+    # The buffer is on the room, not on the paced target: that is what the cache holds at the requests' peaks, and a
+    # request kept waiting past it is admitted by vLLM between the peaks and preempted at the next one.
+    target = None if rule.target is None else max(value, min(top, rule.target, shown))
+    reason = rule.reason
+    if shown < wanted:
+        reason += f"; at most {shown} held: the engine has shown room for {shown - kept}" + (f", and {kept} to wait in it" if kept else "")
+    elif kept:
+        reason += f"; {kept} more to wait inside the engine, refilled by it as a request ends"
+    return replace(rule, value=value, reason=reason, target=target, waiting=max(0, rule.waiting - kept))
 
 
 def allowed(
@@ -350,6 +440,11 @@ def bounds_from(plan: Mapping[str, Any] | None, max_concurrency: int, max_num_se
     )
 
 
+def _shown(limit: Limit) -> tuple[int, int | None]:
+    """What a log line says of a limit: the jobs taken at once, and the paced target where it is above them."""
+    return limit.value, limit.target if limit.target is not None and limit.target > limit.value else None
+
+
 class Intake:
     """The worker's current limit: decided in the load watch's thread at each read, asked by the job loop
     before each take (`allowed_now`) and by the status job.
@@ -380,7 +475,7 @@ class Intake:
         self._ended_since_read = 0  # jobs that ended after the last read: as many of what waited then have likely started
         self._engine: dict[str, Any] | None = None
         self._logged_at: float | None = None
-        self._logged = (self._limit.value, self._limit.target)
+        self._logged = _shown(self._limit)
         self._changes = 0
 
     @property
@@ -404,13 +499,13 @@ class Intake:
             }
             after = self._limit
             self._ended_since_read = 0
-        if (after.value, after.target) != (before.value, before.target):
+        if _shown(after) != _shown(before):
             self._changes += 1
-        if (after.value, after.target) != self._logged and (self._logged_at is None or at - self._logged_at >= LOG_EVERY_S):
+        if _shown(after) != self._logged and (self._logged_at is None or at - self._logged_at >= LOG_EVERY_S):
             since = f"; {self._changes} changes since the last line" if self._changes > 1 else ""
             paced = f", then one at a time up to {after.target}" if after.target is not None and after.target > after.value else ""
             log.info("taking up to %d job(s) at once%s (was %d%s): %s", after.value, paced, self._logged[0], since, after.reason)
-            self._logged_at, self._logged, self._changes = at, (after.value, after.target), 0
+            self._logged_at, self._logged, self._changes = at, _shown(after), 0
         return after
 
     def allowed_now(self) -> int:
