@@ -4,6 +4,7 @@ index repaired, and a read-only or full volume answered with one warning (real f
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -132,7 +133,7 @@ def test_the_warm_mark_reaches_the_capacity_plan(volume: Path, tmp_path: Path, m
 
     monkeypatch.setattr(main.capacity, "startup_plan", plan)
     with pytest.raises(Planned):
-        main._startup(env, main.LaunchProfile.parse(env), settings, Supervisor(settings), {})
+        main._startup(env, main.LaunchProfile.parse(env), settings, Supervisor(settings), {}, time.monotonic())
     assert seen == ["warm" if marked else "unknown"]
 
 

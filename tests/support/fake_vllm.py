@@ -23,7 +23,8 @@ requests.jsonl. A launch is one of:
   POST /v1/chat/completions and /v1/completions (SSE when ``"stream": true``) with
   small OpenAI-shaped bodies whose completion is ``max_tokens`` words ``w0 w1 ...``.
   Options: ``"ready_after"`` seconds before binding; ``"crash_after_requests": n`` then
-  print ``text``/``output`` and exit with ``exit_code`` (a crash while serving).
+  print ``text``/``output`` and exit with ``exit_code`` (a crash while serving). The worker's
+  warm-up request (``X-Request-Id: vllm-worker-warmup``) is answered and never counted or held.
   ``"answer_after"``: seconds each completion request is held before it is answered (a long
   generation, e.g. jobs a drain must cut).
 - ``{"hang": true}``: print ``text``/``output`` if given, never become ready.
@@ -239,8 +240,12 @@ def _serve(argv: Sequence[str], step: dict[str, Any], launch: int, state_dir: Pa
         def _record(self, body: Any) -> None:
             _append(
                 state_dir / "requests.jsonl",
-                {"launch": launch, "method": self.command, "path": self.path, "body": body},
+                {"launch": launch, "method": self.command, "path": self.path, "body": body, "warmup": self._warmup()},
             )
+
+        def _warmup(self) -> bool:
+            """The worker's own warm-up request (engine/warmup.py), not a job."""
+            return (self.headers.get("X-Request-Id") or "").startswith("vllm-worker-warmup")
 
         def _maybe_crash(self) -> None:
             if crash_after is None:
@@ -276,8 +281,10 @@ def _serve(argv: Sequence[str], step: dict[str, Any], launch: int, state_dir: Pa
             self._record(body)
             if self.path not in ("/v1/chat/completions", "/v1/completions"):
                 return self._json(404, {"detail": "Not Found"})
-            self._maybe_crash()
-            time.sleep(float(step.get("answer_after", 0)))
+            # The worker's own warm-up request (engine/warmup.py) is not one of the jobs a script counts or holds.
+            if not self._warmup():
+                self._maybe_crash()
+                time.sleep(float(step.get("answer_after", 0)))
             if not isinstance(body, dict):
                 return self._json(400, _error("Invalid JSON body", "BadRequestError", 400))
             requested = body.get("model")

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from vllm_worker.config import settings as settings_mod
 from vllm_worker.engine import compile_cache, start_forecast
-from vllm_worker.engine.download_progress import DownloadWatch, Reading, repo_folder
+from vllm_worker.engine.download_progress import WEIGHTS_UNDER_WAY, DownloadWatch, Reading, repo_folder, window_rate
 from vllm_worker.engine.start_forecast import Forecast, Limit
 from vllm_worker.engine.start_watch import StartWatch
 
@@ -147,8 +147,8 @@ def test_the_engines_start_after_its_download_is_the_last_recorded_one_else_the_
     eager, eager_source = start_forecast.after_download("cuda", True, True, 15 * GB, None)
     assert (cold, warm, eager) == (60.0 + 90.0 + 10.0, 60.0 + 20.0 + 10.0, 60.0 + 10.0)
     assert source == "a cold GPU start of this size, none recorded" and eager_source == "an eager GPU start of this size, none recorded"
-    assert start_forecast.after_download("cpu", True, False, None, 0.0) == (45.0, "a warm CPU start of this size, none recorded")
-    assert start_forecast.after_download("cpu", False, False, None, None)[0] == 60.0
+    assert start_forecast.after_download("cpu", True, False, None, 0.0) == (55.0, "a warm CPU start of this size, none recorded")
+    assert start_forecast.after_download("cpu", False, False, None, None)[0] == 70.0
 
 
 def test_the_log_line_says_each_term_and_the_limit() -> None:
@@ -237,9 +237,20 @@ def test_a_recorded_start_is_read_back_by_the_next_start_of_the_same_configurati
     assert compile_cache.prepare(str(tmp_path), {}, argv, mounted=lambda _: True).after_download_s is None
 
 
-def test_the_download_watch_hands_on_the_rate_once_from_an_interval_the_download_ran_through(tmp_path: Path) -> None:
+def test_the_weights_rate_is_read_over_a_window_from_when_they_are_under_way() -> None:
+    start = Reading(done=5 << 20, total=100 << 20, seconds=12.0, rate=None)
+    assert window_rate(start, Reading(done=25 << 20, total=100 << 20, seconds=22.0, rate=2e6)) is None  # 10 s: too soon
+    at_window = window_rate(start, Reading(done=45 << 20, total=100 << 20, seconds=32.0, rate=2e6))
+    assert at_window == pytest.approx((40 << 20) / 20.0)
+    assert window_rate(start, Reading(done=100 << 20, total=100 << 20, seconds=20.0, rate=None)) == pytest.approx((95 << 20) / 8.0)
+    assert window_rate(start, Reading(done=5 << 20, total=100 << 20, seconds=60.0, rate=0.0)) is None  # nothing came in
+    assert window_rate(start, Reading(done=9 << 20, total=None, seconds=13.0, rate=None), window=0.5) == pytest.approx(4 << 20)
+
+
+def test_the_download_watch_hands_on_the_weights_rate_once_they_are_under_way(tmp_path: Path) -> None:
     folder = repo_folder(tmp_path, "org/model")
     (folder / "blobs").mkdir(parents=True)
+    (folder / "blobs" / "config.json").write_bytes(b"{}" * 100)  # the small files come first: no rate from them
     rates: list[Reading] = []
     arrived = threading.Event()
 
@@ -247,14 +258,14 @@ def test_the_download_watch_hands_on_the_rate_once_from_an_interval_the_download
         rates.append(reading)
         arrived.set()
 
-    watch = DownloadWatch("org/model", folder, total=10**9, interval=0.05, on_rate=on_rate).start()
+    watch = DownloadWatch("org/model", folder, total=1 << 30, interval=0.05, on_rate=on_rate, rate_window=0.3).start()
     try:
-        for step in range(1, 400):
-            (folder / "blobs" / "w.incomplete").write_bytes(b"x" * (1000 * step))
-            if arrived.wait(0.02) and len(rates) >= 1 and step > 60:
+        for step in range(1, 200):
+            (folder / "blobs" / "w.incomplete").write_bytes(b"x" * (256 << 10) * step)  # past WEIGHTS_UNDER_WAY at 16
+            if arrived.wait(0.02) and step > 40:
                 break
     finally:
         watch.stop()
     assert len(rates) == 1
     [reading] = rates
-    assert reading.rate is not None and reading.rate > 0 and reading.done > 0
+    assert reading.rate is not None and reading.rate > 0 and reading.done >= WEIGHTS_UNDER_WAY

@@ -129,7 +129,7 @@ def prepare(
     mark = root / MARKS_FOLDER / fingerprint(argv, served_from)
     if mark.exists():
         setup.expected = "warm"
-    setup.after_download_s = _recorded_start(mark.with_name(mark.name + START_SUFFIX))
+    setup.after_download_s = _recorded_start(root / MARKS_FOLDER / (fingerprint(argv) + START_SUFFIX))
     return setup
 
 
@@ -151,7 +151,9 @@ def record_start(setup: CacheSetup, argv: Sequence[str], after_download_s: float
         marks.mkdir(parents=True, exist_ok=True)
         temporary = marks / f".{uuid.uuid4().hex}.tmp"
         temporary.write_text(json.dumps({"after_download_s": round(after_download_s, 1)}) + "\n")
-        os.replace(temporary, marks / (fingerprint(argv, setup.served_from) + START_SUFFIX))
+        # Keyed by the configuration alone: the start that downloads and the starts that find the model on the volume
+        # (whose compile caches vLLM keys apart) take about as long after the download.
+        os.replace(temporary, marks / (fingerprint(argv) + START_SUFFIX))
     except OSError as error:
         log.info("start forecast: could not record this start's time (%s)", error)
 

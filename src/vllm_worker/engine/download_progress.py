@@ -18,7 +18,7 @@ import logging
 import os
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -136,6 +136,23 @@ def next_reading(previous: Reading | None, done: int, total: int | None, now: fl
     return Reading(done=done, total=total, seconds=now - started, rate=rate)
 
 
+# The weights are under way once this much has landed (config and tokenizer files come first, then the engine
+# core imports for seconds before it fetches a weight), and their rate is read over RATE_WINDOW_S from then:
+# huggingface_hub writes a download in chunks of up to 10 MiB, so one interval of a slow link sees one or two.
+WEIGHTS_UNDER_WAY = 4 << 20
+RATE_WINDOW_S = 20.0
+
+
+def window_rate(start: Reading, now: Reading, window: float = RATE_WINDOW_S) -> float | None:
+    """Bytes a second from `start` (the weights under way) to `now`, once `window` seconds have passed (or the
+    download is done) and bytes came in; None before."""
+    seconds = now.seconds - start.seconds
+    finished = now.total is not None and now.done >= now.total
+    if seconds <= 0 or now.done <= start.done or (seconds < window and not finished):
+        return None
+    return (now.done - start.done) / seconds
+
+
 def download_over(line: str) -> bool:
     """Whether an engine line says the download is behind it."""
     lowered = line.lower()
@@ -153,9 +170,11 @@ class DownloadWatch:
         interval: float = INTERVAL,
         clock: Callable[[], float] = time.monotonic,
         on_rate: Callable[[Reading], None] | None = None,
+        rate_window: float = RATE_WINDOW_S,
     ) -> None:
         self.repo = repo
-        # Called once, with the first reading whose whole interval the download ran in: its rate is the link's.
+        self.rate_window = rate_window
+        # Called once, with a reading whose rate is the weights' over RATE_WINDOW_S (`window_rate`): the link's.
         self.on_rate = on_rate
         self.folder = folder
         self.total = total
@@ -188,18 +207,20 @@ class DownloadWatch:
         shown = bytes_on_disk(self.folder)
         if self.total is not None and shown >= self.total:
             return
-        initial, rated = shown, self.on_rate is None
+        initial, rated, weights = shown, self.on_rate is None, None
         while not self._stop.wait(self.interval):
             done = bytes_on_disk(self.folder)
-            previous = self.last
-            self.last = next_reading(previous, done, self.total, self.clock(), self._started)
+            self.last = next_reading(self.last, done, self.total, self.clock(), self._started)
             if done > shown:
                 log.info("%s", progress_line(self.repo, self.last))
                 shown = done
-            if not rated and previous is not None and previous.done > initial and self.last.rate:
+            if weights is None and done >= initial + WEIGHTS_UNDER_WAY:
+                weights = self.last
+            rate = None if rated or weights is None else window_rate(weights, self.last, self.rate_window)
+            if rate is not None:
                 rated = True
                 assert self.on_rate is not None
-                self.on_rate(self.last)
+                self.on_rate(replace(self.last, rate=rate))
             if self.total is not None and done >= self.total:
                 return
 

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 PROMPT = "Hello"
 TOKENS = 8
 TIMEOUT_S = 120.0
+# vLLM takes a request's id from this header: the warm-up is named in the engine's own log lines.
+REQUEST_ID = "vllm-worker-warmup"
 
 # Loopback: never through an HTTP(S)_PROXY from the environment (as engine.process's health checks).
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -40,9 +42,8 @@ class WarmUp:
 def warm_up(host: str, port: int, model: str, timeout: float = TIMEOUT_S) -> WarmUp:
     """POST one completion of TOKENS tokens to the engine at host:port and wait for its answer."""
     body = json.dumps({"model": model, "prompt": PROMPT, "max_tokens": TOKENS, "temperature": 0}).encode()
-    request = urllib.request.Request(
-        f"http://{host}:{port}/v1/completions", data=body, headers={"Content-Type": "application/json"}, method="POST"
-    )
+    headers = {"Content-Type": "application/json", "X-Request-Id": REQUEST_ID}
+    request = urllib.request.Request(f"http://{host}:{port}/v1/completions", data=body, headers=headers, method="POST")
     started = time.monotonic()
     try:
         with _OPENER.open(request, timeout=timeout) as response:
