@@ -90,7 +90,7 @@ class Worker:
         stop_with_engine(self.proc, timeout=60)
 
 
-def boot(cp: ControlPlane, adaptive: bool, label: str) -> Worker:
+def boot(cp: ControlPlane, adaptive: bool, label: str, **extra: str | None) -> Worker:
     env = engine_env.tiny_worker_env(
         engine_env.TINY_MODEL,
         MAX_MODEL_LEN="2048",
@@ -99,6 +99,7 @@ def boot(cp: ControlPlane, adaptive: bool, label: str) -> Worker:
         ADAPTIVE_CONCURRENCY="true" if adaptive else "false",
         DRAIN_TIMEOUT="0",
         OMP_NUM_THREADS=ENGINE_THREADS,
+        **extra,
     )
     proc = WorkerProcess(env, control_plane=cp, workdir=Path(tempfile.mkdtemp(prefix=f"bench-intake-{label}-"))).start()
     proc.wait_for_log(r"engine ready; taking jobs", timeout=engine_env.BOOT_TIMEOUT)

@@ -139,7 +139,8 @@ def _start_and_serve(
     if outcome.engine is not None and not outcome.fatal and outcome.climb is not None:
         climb, plan = outcome.climb, outcome.capacity_plan
         gate = intake.Intake(
-            lambda: intake.bounds_from(plan, most, climb.profile.known_max_num_seqs()), settings.adaptive_concurrency
+            lambda: intake.bounds_from(plan, most, climb.profile.known_max_num_seqs(), settings.intake_buffer),
+            settings.adaptive_concurrency,
         )
         state.load_watch = engine_load.LoadWatch(
             settings.vllm_host, settings.vllm_port, lambda: climb.profile, most, intake=gate

@@ -33,6 +33,7 @@ import pytest
 from tests.support import engine_env, vllm_metrics
 from tests.support.control_plane import ControlPlane
 from tests.support.worker_proc import WorkerProcess, stop_with_engine
+from vllm_worker.serving import intake
 
 pytestmark = pytest.mark.engine
 
@@ -158,3 +159,34 @@ def test_under_max_num_seqs_a_burst_waits_in_the_platforms_queue_not_in_vllm(tin
     assert report(*samples) <= 1  # the one more, waiting for a slot
     assert (status["max_num_seqs"], status["limit"], status["left_in_platform_queue"]) == (3, 4, 26)
     assert "MAX_NUM_SEQS=3, the requests vLLM runs at once" in status["reason"]
+
+
+def test_long_jobs_right_after_short_ones_stay_in_the_platforms_queue_and_no_take_outruns_the_engine(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    """Issue 43: after short jobs, a burst of 40 long ones was taken with one batch of 20 where the cache held about
+    five. Here 10 jobs of 16 tokens first (the recent requests the intake learns from), then the burst at once."""
+    env = engine_env.tiny_worker_env(
+        tiny_model, MAX_MODEL_LEN="2048", KV_CACHE_MEMORY_BYTES="4194304", MAX_CONCURRENCY="30", DRAIN_TIMEOUT="0"
+    )
+    port = int(env["VLLM_PORT"])
+    with ControlPlane() as cp:
+        proc = WorkerProcess(env, control_plane=cp, workdir=tmp_path).start()
+        try:
+            proc.wait_for_log(r"engine ready; taking jobs", timeout=engine_env.BOOT_TIMEOUT)
+            short = {"prompt": "hello " * 20, "max_tokens": 16, "min_tokens": 16}
+            warmup = [cp.submit({"openai_route": "/v1/completions", "openai_input": short}) for _ in range(10)]
+            assert all("error" not in cp.result(j, timeout=engine_env.BOOT_TIMEOUT) for j in warmup)
+            burst_starts = len(cp.asks())
+            body = {"prompt": "hello " * 20, "max_tokens": TOKENS, "min_tokens": TOKENS, "stream": True}
+            results, *samples = burst(cp, port, JOBS, body)
+            asks = cp.asks()[burst_starts:]
+        finally:
+            stop_with_engine(proc, timeout=60)
+
+    assert [r["error"] for r in results if "error" in r] == []
+    assert report(*samples) <= P95_BOUND
+    print("jobs asked for at each take of the burst:", [asked for _, asked, handed in asks if handed])
+    # The engine is idle when the burst comes: it has shown room for what its cache holds of MAX_MODEL_LEN (4,096
+    # tokens: 2), one more, and the jobs kept waiting inside it; after that, a take asks for what ended and one more.
+    assert max(asked for _, asked, _ in asks) <= 2 + 1 + intake.MAX_BUFFER

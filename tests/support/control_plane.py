@@ -102,6 +102,8 @@ class ControlPlane:
         self._queue: list[str] = []
         self._stops: list[str] = []
         self._requests: list[Request] = []
+        # Every take the worker asked for: (time.monotonic(), jobs asked for, jobs handed out).
+        self._asks: list[tuple[float, int, int]] = []
         self._closing = False
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
@@ -320,8 +322,14 @@ class ControlPlane:
                 job = self._jobs[self._queue.pop(0)]
                 job.taken.append(now)
                 handed.append({"id": job.id, "input": job.input})
+            self._asks.append((now, count, len(handed)))
             self._cond.notify_all()
             return handed
+
+    def asks(self) -> list[tuple[float, int, int]]:
+        """Every job-take the worker made: (when, jobs asked for: the batch_size, jobs handed out)."""
+        with self._cond:
+            return list(self._asks)
 
     def _take_stops(self) -> list[str]:
         deadline = time.monotonic() + self.poll_wait

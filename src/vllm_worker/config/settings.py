@@ -53,6 +53,7 @@ class Settings:
     drain_timeout: float = 3.0
     refresh_limit: int = 3
     adaptive_concurrency: bool = True
+    intake_buffer: int | None = None  # INTAKE_BUFFER; None: serving.intake.buffer_for derives it
 
 
 # name -> (default as documented, None when unset; description); README's table is checked against this.
@@ -104,6 +105,11 @@ DOCUMENTED: dict[str, tuple[str | None, str]] = {
     "DEFAULT_MAX_TOKENS": (
         None,
         "max_tokens of a prompt or messages job that names none; unset: up to the end of the context",
+    ),
+    "INTAKE_BUFFER": (
+        None,
+        "with ADAPTIVE_CONCURRENCY, jobs kept waiting inside vLLM past what its KV cache holds to their end, so a "
+        "request that ends is refilled by vLLM at once; unset: what ends in a take's round trip, 1 or 2",
     ),
 }
 
@@ -210,6 +216,7 @@ def load(env: Mapping[str, str]) -> Settings:
         drain_timeout=read_setting(env, "DRAIN_TIMEOUT", 3.0, _seconds_or_zero, "a number of seconds, 0 or more"),
         refresh_limit=read_setting(env, "WORKER_REFRESH_LIMIT", 3, whole_in(0, 1000), "a whole number from 0 to 1000"),
         adaptive_concurrency=read_setting(env, "ADAPTIVE_CONCURRENCY", True, _bool, "true or false (also 1/0, yes/no, on/off)"),
+        intake_buffer=read_setting(env, "INTAKE_BUFFER", None, whole_in(0, 64), "a whole number from 0 to 64, or unset"),
         vllm_command_set=value(env, "VLLM_COMMAND") is not None,
         startup_timeout_set=value(env, "VLLM_STARTUP_TIMEOUT") is not None,
     )

@@ -33,6 +33,17 @@ and the clock at each take:
   the step a request ends (tests/unit/test_intake.py: without it, jobs of 200 tokens completed 0.88 of a
   fixed worker's in the model, their slots empty while the next job was taken).
 
+- Within what the engine has shown room for (`bounded`): what it runs, the requests of MAX_MODEL_LEN its
+  free cache holds to their end, and one more a read while it shows room; none more while requests wait
+  inside it or it preempts. The room and the pace follow the recent requests, and a change of the jobs
+  makes them wrong at once (after short chat turns, a burst of long generations was taken 20 at one take
+  where the cache held about five: issue 43); no take asks for more than the engine has shown room for.
+  Running requests that already hold more of the cache than the recent ones did to their end mean the
+  jobs have changed: what the recent ones said is forgotten until the new ones end.
+- A buffer where the engine refills (`buffer_for`, INTAKE_BUFFER): one or two jobs more than the room, so
+  a request that ends is refilled by vLLM at its next step while the worker's next take is under way;
+  never past what the cache holds at the requests' peaks, none while vLLM preempts.
+
 Recent requests: means over those finished so far, each earlier one weighing KEEP as much per request
 finished after it, so they follow a change of the jobs within tens of requests. `decide` (each read)
 and `allowed` (each take) are pure; `Intake` keeps the latest decision for the job loop
@@ -144,6 +155,7 @@ def recent(before: Recent | None, now: EngineNow) -> Recent | None:
 # A take's round trip: the job loop's ask, the platform's answer, the job to the engine (serving.platform asks
 # every ROOM_POLL_S while full; a job then reaches vLLM within about this).
 ROUND_TRIP_S = 1.0
+OUTGROWN = 1.5  # `outgrown`: the running requests hold this many times what the recent ones did
 MAX_BUFFER = 2  # at most this many derived: the acceptance of issue 43 allows 3 taken and not running (p95)
 
 
@@ -161,12 +173,14 @@ def buffer_for(bounds: Bounds, finished: int, seconds: float, preempted: int) ->
 
 
 def outgrown(now: EngineNow, kv_tokens: int, length: float, block: int) -> bool:
-    """The requests running now hold more of the cache each, on average, than the recent ones held to their end:
+    """The requests running now hold on average more than OUTGROWN times what the recent ones held to their end:
     the jobs have changed (short ones, then long ones), and what the recent requests say is wrong until the new
-    ones end."""
+    ones end. Not once: in a steady mix of lengths the long ones run longer, so the running ones hold more than
+    the mean of those that ended (with jobs of 100 and 1,000 tokens alike, about 0.8 of it at the mean's length,
+    and more where the long ones are rare)."""
     if now.running <= 0:
         return False
-    return now.kv_cache_usage * kv_tokens / now.running > _blocks(length, block) + 1e-9
+    return now.kv_cache_usage * kv_tokens / now.running > OUTGROWN * _blocks(length, block) + 1e-9
 
 
 def shown_room(now: EngineNow, kv_tokens: int, max_model_len: int | None, grow: bool = True) -> int:
@@ -243,13 +257,10 @@ def paced_target(kv_tokens: int, recent: Recent, block: int) -> int:
     Held that many, the requests end a steady number of tokens apart (as many as they are, over a
     request's generated tokens) and the cache holds them at the moment before the oldest ends, so vLLM
     preempts only where the nearest request is above the peaks' figure, and what the worker holds runs.
-    A target up to half way to what the cache holds on average (tried until 2026-12-05) kept vLLM's
-    cache fuller: on the CPU engine that worker completed 1.013 of a fixed worker's jobs a minute where
-    this one completed 0.905 (three pairs, pace in seconds), but its requests overfilled the cache
-    before each end, vLLM preempted the newest, and the preempted ones waited inside vLLM behind the
-    running ones: a clean-clone CI run's burst held 4 such jobs (p95), another 7, where the acceptance
-    of issue 26 allows 2. The cost here is throughput, where the cache's blocks are large against a
-    request (vLLM's CPU backend: 128 tokens)."""
+    Why not more: requests past the peaks overfill the cache before each end, vLLM preempts the newest,
+    and the preempted ones wait inside vLLM behind the running ones, where a second worker could have run
+    them (docs/benchmarks.md has the measurements). The cost is throughput where the cache's blocks are
+    large against a request (vLLM's CPU backend: 128 tokens)."""
     return max(0, math.floor(held_at_peaks(kv_tokens, recent, block) + 0.5))
 
 
@@ -425,7 +436,9 @@ def allowed(
     return held + 1 if due and held < target and not waiting else held
 
 
-def bounds_from(plan: Mapping[str, Any] | None, max_concurrency: int, max_num_seqs: int | None = None) -> Bounds:
+def bounds_from(
+    plan: Mapping[str, Any] | None, max_concurrency: int, max_num_seqs: int | None = None, buffer: int | None = None
+) -> Bounds:
     """The bounds from the capacity plan's report of the ready engine (capacity.ready_engine_report): its KV
     tokens and max_model_len as the engine reported them, else the plan's prediction; `max_num_seqs` as the
     engine was launched with it (None: unknown)."""
@@ -436,7 +449,7 @@ def bounds_from(plan: Mapping[str, Any] | None, max_concurrency: int, max_num_se
         return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
     return Bounds(
-        max_concurrency, whole("kv_cache_tokens") or whole("predicted_kv_cache_tokens"), whole("max_model_len"), max_num_seqs
+        max_concurrency, whole("kv_cache_tokens") or whole("predicted_kv_cache_tokens"), whole("max_model_len"), max_num_seqs, buffer
     )
 
 
