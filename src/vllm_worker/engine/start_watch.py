@@ -74,11 +74,12 @@ class StartWatch:
 
     def at_ready(self, launch_seconds: float, phases: Mapping[str, float]) -> float | None:
         """The first launch is ready `launch_seconds` after it began: log predicted against actual, and return the
-        engine's start after its download (what the next start of this configuration is predicted with; None
-        where a download's time is not known: vLLM printed none)."""
+        engine's start after its download, what the next start of this configuration is predicted with: only from
+        a start that fetched nothing (vLLM's own download line covers only part of a download, and a start
+        recorded with the rest in it was forecast at three times its time: bench/start_forecast.py, 2026-12-07)."""
         total = self.clock() - self.began
         download = phases.get("download", 0.0)
-        after = max(0.0, launch_seconds - download) if "download" in phases or self.first.to_fetch <= 0 else None
+        after = launch_seconds if self.first.to_fetch <= 0 else None
         self.actual = {
             "seconds_to_ready": round(total, 1),
             "before_launch": round(total - launch_seconds, 1),
