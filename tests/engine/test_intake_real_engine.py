@@ -63,6 +63,7 @@ Sample = tuple[float, int, int, int, int, int, int, float]
 def burst(cp: ControlPlane, port: int, jobs: int, body: dict) -> tuple[list[dict], list[int], list[int], list[int], list[Sample]]:
     """`jobs` streamed jobs of `body` queued at once, sampled every SAMPLE_S while the platform still queues:
     the answers; taken but not running; less those on their way in; less those vLLM finished too; each sample."""
+    base = in_engine(port)[2]  # requests vLLM finished before the burst (earlier jobs, the worker's warm-up)
     ids = [cp.submit({"openai_route": "/v1/completions", "openai_input": body}) for _ in range(jobs)]
     spare: list[int] = []
     settled: list[int] = []
@@ -84,7 +85,7 @@ def burst(cp: ControlPlane, port: int, jobs: int, body: dict) -> tuple[list[dict
             settled.append(len(held) - len(arriving) - engine)
             # Held jobs vLLM has already finished (their answers still on their way to the platform) could
             # not be started by a second worker: neither running nor waiting, they are done computing.
-            relaying = finished - answered
+            relaying = finished - base - answered
             unfinished.append(len(held) - len(arriving) - engine - relaying)
             rows.append((at, len(held), len(arriving), engine, waiting, relaying, cp.queued(), time.monotonic() - at))
 
@@ -98,8 +99,9 @@ def burst(cp: ControlPlane, port: int, jobs: int, body: dict) -> tuple[list[dict
     return results, spare, settled, unfinished, rows
 
 
-def report(spare: list[int], settled: list[int], unfinished: list[int], rows: list[Sample]) -> int:
-    """Print the figures and every sample over the bound with its parts; the p95 of what waits inside vLLM."""
+def report(spare: list[int], settled: list[int], unfinished: list[int], rows: list[Sample], raw: bool = False) -> int:
+    """Print the figures and every sample over the bound with its parts; the p95 of what waits inside vLLM (`raw`:
+    of every job taken and not running, nothing left out of the count)."""
     assert spare, "the platform never queued: nothing was measured"
     p95, settled_p95, unfinished_p95 = (sorted(xs)[math.ceil(0.95 * len(xs)) - 1] for xs in (spare, settled, unfinished))
     print(
@@ -112,7 +114,7 @@ def report(spare: list[int], settled: list[int], unfinished: list[int], rows: li
         if held - arriving - engine > P95_BOUND:
             print(f"{at - start:7.2f} s: held {held}, arriving {arriving}, running {engine}, waiting in vLLM {waiting}, "
                   f"finished in vLLM and not answered {relaying}, queued {queued}, sample took {read_s:.2f} s")
-    return unfinished_p95
+    return p95 if raw else unfinished_p95
 
 
 def test_a_burst_stays_in_the_platforms_queue_and_every_job_completes(tiny_model: Path, tmp_path: Path) -> None:
@@ -185,7 +187,8 @@ def test_long_jobs_right_after_short_ones_stay_in_the_platforms_queue_and_no_tak
             stop_with_engine(proc, timeout=60)
 
     assert [r["error"] for r in results if "error" in r] == []
-    assert report(*samples) <= P95_BOUND
+    # Nothing left out of the count (issue 43's acceptance): every job taken and not running in vLLM.
+    assert report(*samples, raw=True) <= P95_BOUND
     print("jobs asked for at each take of the burst:", [asked for _, asked, handed in asks if handed])
     # The engine is idle when the burst comes: it has shown room for what its cache holds of MAX_MODEL_LEN (4,096
     # tokens: 2), one more, and the jobs kept waiting inside it; after that, a take asks for what ended and one more.
