@@ -350,12 +350,12 @@ def _start_watch(
         largest = hub_rate.largest_weights(files)
         if to_fetch > 0 and largest is not None:
             rate = hub_rate.probe_rate(endpoint, summary.repo, revision, largest, profile.hf_token, files[largest])
-    after, after_from = start_forecast.after_download(
-        "cpu" if on_cpu else "cuda", caches.expected == "warm", profile.enforce_eager is True, weights_bytes, caches.after_download_s
+    before, after, source = start_forecast.engine_start(
+        "cpu" if on_cpu else "cuda", caches.expected == "warm", profile.enforce_eager is True, weights_bytes, caches.recorded_start
     )
     forecast = start_forecast.Forecast(
-        time.monotonic() - began, to_fetch, rate, "a read of the Hub" if rate else "", after, after_from,
-        start_forecast.platform_limit(env),
+        time.monotonic() - began, to_fetch, rate, "a read of the Hub" if rate else "", after, source,
+        start_forecast.platform_limit(env), before,
     )
     return StartWatch(forecast, began, profile.model or (summary.repo if summary else ""), volume)
 

@@ -139,16 +139,16 @@ def test_the_workers_wait_is_raised_to_twice_the_forecast_only_where_the_user_le
     assert start_forecast.startup_timeout(3600.0, False, None) == 3600.0
 
 
-def test_the_engines_start_after_its_download_is_the_last_recorded_one_else_the_platforms_figure() -> None:
-    recorded = start_forecast.after_download("cuda", False, False, None, 88.0)
-    assert recorded == (88.0, "the last ready start of this configuration on the volume")
-    cold, source = start_forecast.after_download("cuda", False, False, 15 * GB, None)
-    warm, _ = start_forecast.after_download("cuda", True, False, 15 * GB, None)
-    eager, eager_source = start_forecast.after_download("cuda", True, True, 15 * GB, None)
-    assert (cold, warm, eager) == (60.0 + 90.0 + 10.0, 60.0 + 20.0 + 10.0, 60.0 + 10.0)
+def test_the_engines_start_is_the_last_recorded_one_else_the_platforms_figures_before_and_after_the_download() -> None:
+    recorded = start_forecast.engine_start("cuda", False, False, None, (40.0, 88.0))
+    assert recorded == (40.0, 88.0, "the last ready start of this configuration on the volume")
+    before, cold, source = start_forecast.engine_start("cuda", False, False, 15 * GB, None)
+    _, warm, _ = start_forecast.engine_start("cuda", True, False, 15 * GB, None)
+    _, eager, eager_source = start_forecast.engine_start("cuda", True, True, 15 * GB, None)
+    assert before == 30.0 and (cold, warm, eager) == (30.0 + 90.0 + 10.0, 30.0 + 20.0 + 10.0, 30.0 + 10.0)
     assert source == "a cold GPU start of this size, none recorded" and eager_source == "an eager GPU start of this size, none recorded"
-    assert start_forecast.after_download("cpu", True, False, None, 0.0) == (55.0, "a warm CPU start of this size, none recorded")
-    assert start_forecast.after_download("cpu", False, False, None, None)[0] == 70.0
+    assert start_forecast.engine_start("cpu", True, False, None, (5.0, 0.0)) == (35.0, 20.0, "a warm CPU start of this size, none recorded")
+    assert start_forecast.engine_start("cpu", False, False, None, None)[:2] == (35.0, 35.0)
 
 
 def test_the_log_line_says_each_term_and_the_limit() -> None:
@@ -210,30 +210,35 @@ def test_at_ready_the_watch_sets_the_start_against_the_forecast_and_gives_the_en
     watch = StartWatch(forecast(to_fetch=GB, rate=10e6, after=60.0, elapsed=5.0), 100.0, "acme/m", True, clock)
     clock.now = 300.0
     with caplog.at_level(logging.INFO, logger="vllm_worker"):
-        after = watch.at_ready(190.0, {"download": 120.0, "weights_load": 3.0})
+        after = watch.at_ready(190.0, {"import_config": 30.0, "download": 120.0, "weights_load": 3.0})
     # A start that downloaded is not recorded: vLLM's download line covers only part of the download.
     assert after is None
-    assert watch.actual == {"seconds_to_ready": 200.0, "before_launch": 10.0, "download": 120.0, "after_download": None}
+    assert watch.actual == {
+        "seconds_to_ready": 200.0, "before_launch": 10.0, "before_download": 30.0, "download": 120.0, "after_download": None,
+    }  # fmt: skip
     assert "ready 200 s after the worker started; predicted 165 s before the download" in caplog.records[-1].getMessage()
     cached = StartWatch(forecast(), 0.0, "acme/m", True, clock)
-    assert cached.at_ready(42.0, {}) == 42.0
-    assert cached.actual is not None and cached.actual["after_download"] == 42.0
+    assert cached.at_ready(42.0, {"import_config": 30.5, "weights_load": 1.0}) == (30.5, 11.5)
+    assert cached.actual is not None and cached.actual["after_download"] == 11.5
 
 
 def test_a_recorded_start_is_read_back_by_the_next_start_of_the_same_configuration(tmp_path: Path) -> None:
     argv = ["serve", "acme/m", "--port", "8000"]
     setup = compile_cache.prepare(str(tmp_path), {}, argv, mounted=lambda _: True)
-    assert setup.after_download_s is None
-    compile_cache.record_start(setup, argv, 71.25)
-    again = compile_cache.prepare(str(tmp_path), {}, ["serve", "acme/m", "--port", "9000"], mounted=lambda _: True)
-    assert again.after_download_s == 71.2 or again.after_download_s == 71.3
+    assert setup.recorded_start is None
+    compile_cache.record_start(setup, argv, (30.25, 71.25))
+    again = compile_cache.prepare(str(tmp_path), {}, ["serve", "acme/m", "--port", "9000"], served_from="/snap", mounted=lambda _: True)
+    assert again.recorded_start is not None and again.recorded_start[1] in (71.2, 71.3) and again.recorded_start[0] in (30.2, 30.3)
     other = compile_cache.prepare(str(tmp_path), {}, ["serve", "acme/other"], mounted=lambda _: True)
-    assert other.after_download_s is None
+    assert other.recorded_start is None
     compile_cache.record_start(setup, argv, None)  # nothing known: the record stays
-    compile_cache.record_start(compile_cache.CacheSetup(), argv, 5.0)  # no volume: nowhere to keep it
+    compile_cache.record_start(compile_cache.CacheSetup(), argv, (1.0, 5.0))  # no volume: nowhere to keep it
     mark = next((tmp_path / compile_cache.CACHE_FOLDER / compile_cache.MARKS_FOLDER).glob("*" + compile_cache.START_SUFFIX))
-    mark.write_text("not json")
-    assert compile_cache.prepare(str(tmp_path), {}, argv, mounted=lambda _: True).after_download_s is None
+    for text in ("not json", '{"after_download_s": "5"}', '{"after_download_s": 0}', '{"before_download_s": -1, "after_download_s": 5}', "[]"):
+        mark.write_text(text)
+        assert compile_cache.prepare(str(tmp_path), {}, argv, mounted=lambda _: True).recorded_start is None, text
+    mark.write_text('{"after_download_s": 12}')  # a record without the time before the download: none before it
+    assert compile_cache.prepare(str(tmp_path), {}, argv, mounted=lambda _: True).recorded_start == (0.0, 12.0)
 
 
 def test_the_weights_rate_is_read_over_a_window_from_when_they_are_under_way() -> None:
@@ -268,3 +273,14 @@ def test_the_download_watch_hands_on_the_weights_rate_once_they_are_under_way(tm
     assert len(rates) == 1
     [reading] = rates
     assert reading.rate is not None and reading.rate > 0 and reading.done >= WEIGHTS_UNDER_WAY
+
+
+def test_once_the_download_runs_the_engines_import_is_behind_it() -> None:
+    clock = Clock()
+    first = Forecast(5.0, 10 * GB, 100e6, "a read of the Hub", 20.0, "x", DEFAULT, before_s=40.0)
+    assert first.total_s == 5.0 + 40.0 + 100.0 + 20.0
+    watch = StartWatch(first, 95.0, "acme/m", True, clock)
+    clock.now = 165.0  # 70 s in: the engine imported (40 s), then downloaded for 25 s
+    watch.on_rate(Reading(done=5 * GB, total=10 * GB, seconds=60.0, rate=100e6))
+    assert watch.current.before_s == 0.0 and watch.current.total_s == pytest.approx(70.0 + 50.0 + 20.0)
+    assert watch.status()["predicted"]["before_download"] == 40.0

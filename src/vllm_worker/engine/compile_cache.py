@@ -67,8 +67,9 @@ class CacheSetup:
     warning: str | None = None  # why a mounted volume is not used
     repaired: list[str] = field(default_factory=list)  # torn entries removed before the launch
     served_from: str | None = None  # the on-disk snapshot the model is served from, part of the key
-    # The engine's start after its download at the last ready start of this configuration (engine.start_forecast).
-    after_download_s: float | None = None
+    # The engine's start before its download and after it, at the last start of this configuration that fetched
+    # nothing (engine.start_forecast).
+    recorded_start: tuple[float, float] | None = None
 
     def status(self) -> dict[str, Any]:
         return {
@@ -129,28 +130,34 @@ def prepare(
     mark = root / MARKS_FOLDER / fingerprint(argv, served_from)
     if mark.exists():
         setup.expected = "warm"
-    setup.after_download_s = _recorded_start(root / MARKS_FOLDER / (fingerprint(argv) + START_SUFFIX))
+    setup.recorded_start = _recorded_start(root / MARKS_FOLDER / (fingerprint(argv) + START_SUFFIX))
     return setup
 
 
-def _recorded_start(path: Path) -> float | None:
-    """The seconds a record of a start holds; None where there is none or it is unreadable."""
+def _recorded_start(path: Path) -> tuple[float, float] | None:
+    """The seconds a record of a start holds (before the download, after it); None where there is none or it is
+    unreadable."""
     try:
-        seconds = json.loads(path.read_text()).get("after_download_s")
+        record = json.loads(path.read_text())
+        before, after = record.get("before_download_s", 0.0), record.get("after_download_s")
     except (OSError, ValueError, AttributeError):
         return None
-    return float(seconds) if isinstance(seconds, (int, float)) and not isinstance(seconds, bool) and seconds > 0 else None
+    figures = (before, after)
+    if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in figures) or after <= 0 or before < 0:
+        return None
+    return float(before), float(after)
 
 
-def record_start(setup: CacheSetup, argv: Sequence[str], after_download_s: float | None) -> None:
-    """Keep what this ready start took after its download, for the next start's forecast. Never raises."""
-    if setup.root is None or after_download_s is None or after_download_s <= 0:
+def record_start(setup: CacheSetup, argv: Sequence[str], seconds: tuple[float, float] | None) -> None:
+    """Keep what this ready start took before and after its download, for the next start's forecast. Never raises."""
+    if setup.root is None or seconds is None or seconds[1] <= 0:
         return
     marks = setup.root / MARKS_FOLDER
     try:
         marks.mkdir(parents=True, exist_ok=True)
         temporary = marks / f".{uuid.uuid4().hex}.tmp"
-        temporary.write_text(json.dumps({"after_download_s": round(after_download_s, 1)}) + "\n")
+        record = {"before_download_s": round(seconds[0], 1), "after_download_s": round(seconds[1], 1)}
+        temporary.write_text(json.dumps(record) + "\n")
         # Keyed by the configuration alone: the start that downloads and the starts that find the model on the volume
         # (whose compile caches vLLM keys apart) take about as long after the download.
         os.replace(temporary, marks / (fingerprint(argv) + START_SUFFIX))

@@ -34,11 +34,14 @@ COVER = 1.5
 ENGINE_READY_DEFAULT_S = 600
 ENGINE_READY_COVER = 2.0
 
-# The engine's start after its download when no start of this configuration was recorded: import and
-# configuration, KV profiling and the rest (base), and the compile (cold, or with warm caches; none eager).
-# GPU figures are vLLM's own logs of 7-8B models on one GPU (tests/field/boots); the CPU ones this project's
-# tiny model on two cores (docs/benchmarks.md). Weights are read from disk at _DISK_BYTES_S on top.
-_BASE_S = {"cuda": 60.0, "cpu": 45.0}
+# The engine's start when no start of this configuration was recorded. Before its download (vLLM downloads
+# the weights in the engine core, after the API server and the core have imported and resolved the
+# configuration): import and configuration. After it: weights read, KV profiling and the rest, and the
+# compile (cold, or with warm caches; none eager). GPU figures are vLLM's own logs of 7-8B models on one GPU
+# (tests/field/boots); the CPU ones this project's tiny models on two cores (docs/benchmarks.md). Weights
+# are read from disk at _DISK_BYTES_S on top.
+_BEFORE_S = {"cuda": 30.0, "cpu": 35.0}
+_AFTER_S = {"cuda": 30.0, "cpu": 10.0}
 _COMPILE_S = {"cuda": {"cold": 90.0, "warm": 20.0}, "cpu": {"cold": 25.0, "warm": 10.0}}
 _DISK_BYTES_S = 1.5e9  # weights read from local disk into memory, per second
 
@@ -63,9 +66,10 @@ class Forecast:
     to_fetch: int  # bytes the engine still has to download (0: all on disk)
     rate: float | None  # bytes a second of the download (None: not known)
     rate_from: str  # "a read of the Hub", "the download's first seconds", or "" where nothing is fetched
-    after_s: float  # the engine's start after its download
-    after_from: str
+    after_s: float  # the engine's start after its download: weights read, profiling, compile
+    after_from: str  # where the engine's two terms come from
     limit: Limit
+    before_s: float = 0.0  # the engine's start before its download: import and configuration (0: behind it)
 
     @property
     def download_s(self) -> float | None:
@@ -80,7 +84,7 @@ class Forecast:
     def total_s(self) -> float | None:
         """Seconds from the worker's start to ready; None where the download's time is not known."""
         download = self.download_s
-        return None if download is None else self.elapsed_s + download + self.after_s
+        return None if download is None else self.elapsed_s + self.before_s + download + self.after_s
 
     @property
     def over(self) -> bool:
@@ -97,6 +101,7 @@ class Forecast:
         return {
             "seconds_to_ready": None if total is None else round(total, 1),
             "before_launch": round(self.elapsed_s, 1),
+            "before_download": round(self.before_s, 1),
             "download": None if download is None else round(download, 1),
             "after_download": round(self.after_s, 1),
             "bytes_to_fetch": self.to_fetch,
@@ -120,18 +125,19 @@ def platform_limit(env: Mapping[str, str]) -> Limit:
     return Limit(PLATFORM_LIMIT_S, "Runpod's 7-minute limit on a cold start (RUNPOD_INIT_TIMEOUT is not set)")
 
 
-def after_download(
-    platform: str, warm: bool, eager: bool, weights_bytes: int | None, recorded_s: float | None
-) -> tuple[float, str]:
-    """The engine's start after its download, and where the figure comes from: the last ready start of this
-    configuration (its time less its download), else the platform's figures and the weights read from disk."""
-    if recorded_s is not None and recorded_s > 0:
-        return recorded_s, "the last ready start of this configuration on the volume"
+def engine_start(
+    platform: str, warm: bool, eager: bool, weights_bytes: int | None, recorded: tuple[float, float] | None
+) -> tuple[float, float, str]:
+    """The engine's start before its download and after it, and where the figures come from: the last start of
+    this configuration that fetched nothing (`recorded`), else the platform's figures and the weights read."""
+    if recorded is not None and recorded[1] > 0:
+        return max(0.0, recorded[0]), recorded[1], "the last ready start of this configuration on the volume"
     device = "cpu" if platform == "cpu" else "cuda"
     compile_s = 0.0 if eager else _COMPILE_S[device]["warm" if warm else "cold"]
     read = (weights_bytes or 0) / _DISK_BYTES_S
     kind = "an eager" if eager else ("a warm" if warm else "a cold")
-    return _BASE_S[device] + compile_s + read, f"{kind} {'CPU' if device == 'cpu' else 'GPU'} start of this size, none recorded"
+    source = f"{kind} {'CPU' if device == 'cpu' else 'GPU'} start of this size, none recorded"
+    return _BEFORE_S[device], _AFTER_S[device] + compile_s + read, source
 
 
 def covering_timeout(total_s: float) -> int:
@@ -187,8 +193,9 @@ def forecast_line(forecast: Forecast, when: str) -> str:
     head = f"start forecast ({when}): " + (
         f"ready about {_duration(total)} after the worker started" if total is not None else "time to ready not known yet"
     )
+    before = f"about {_duration(forecast.before_s)} to import and configure, " if forecast.before_s > 0 else ""
     return (
-        f"{head}; {_duration(forecast.elapsed_s)} so far, {fetch}, then about {_duration(forecast.after_s)} "
+        f"{head}; {_duration(forecast.elapsed_s)} so far, {before}{fetch}, then about {_duration(forecast.after_s)} "
         f"to load and compile ({forecast.after_from}); the limit is {_duration(forecast.limit.seconds)} "
         f"({forecast.limit.source})"
     )

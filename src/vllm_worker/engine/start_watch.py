@@ -59,6 +59,8 @@ class StartWatch:
             elapsed = self.clock() - self.began
             measured = self.current.with_rate(reading.rate or 0.0, left, "the download's first seconds")
             # From now: what is spent, what is left of the download at its rate, the engine's start after it.
+            # The download follows the engine's import and configuration (vLLM fetches the weights in its engine
+            # core): what is left is the download's rest and the start after it.
             self.current = Forecast(
                 elapsed, measured.to_fetch, measured.rate, measured.rate_from, measured.after_s, measured.after_from, measured.limit
             )
@@ -72,17 +74,20 @@ class StartWatch:
     def startup_timeout(self, settings: settings_mod.Settings) -> float:
         return start_forecast.startup_timeout(settings.startup_timeout, settings.startup_timeout_set, self.current)
 
-    def at_ready(self, launch_seconds: float, phases: Mapping[str, float]) -> float | None:
+    def at_ready(self, launch_seconds: float, phases: Mapping[str, float]) -> tuple[float, float] | None:
         """The first launch is ready `launch_seconds` after it began: log predicted against actual, and return the
-        engine's start after its download, what the next start of this configuration is predicted with: only from
+        engine's start before its download and after it, what the next start of this configuration is predicted
+        with: only from
         a start that fetched nothing (vLLM's own download line covers only part of a download, and a start
         recorded with the rest in it was forecast at three times its time: bench/start_forecast.py, 2026-12-07)."""
         total = self.clock() - self.began
         download = phases.get("download", 0.0)
-        after = launch_seconds if self.first.to_fetch <= 0 else None
+        before = min(launch_seconds, phases.get("import_config", 0.0))
+        after = launch_seconds - before if self.first.to_fetch <= 0 else None
         self.actual = {
             "seconds_to_ready": round(total, 1),
             "before_launch": round(total - launch_seconds, 1),
+            "before_download": round(before, 1),
             "download": round(download, 1),
             "after_download": None if after is None else round(after, 1),
         }
@@ -96,7 +101,7 @@ class StartWatch:
             self.current.limit.seconds,
             self.current.limit.source,
         )
-        return after
+        return None if after is None else (before, after)
 
     def status(self) -> dict[str, Any]:
         """The status job's `start_forecast`: predicted (before the download, and with its rate), and actual."""
