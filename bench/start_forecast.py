@@ -15,11 +15,8 @@ download) of the actual time to ready.
 from __future__ import annotations
 
 import argparse
-import json
-import math
 import platform
 import shutil
-import struct
 import sys
 import tempfile
 from pathlib import Path
@@ -35,13 +32,6 @@ from tests.support.worker_proc import WorkerProcess  # noqa: E402
 
 REPO = "acme/tiny-llama-wider"
 WIDER = {"layers": 4, "hidden_size": 1024, "intermediate_size": 3072, "heads": 16, "kv_heads": 2, "head_dim": 64}
-
-
-def parameter_count(safetensors: Path) -> int:
-    data = safetensors.read_bytes()
-    (length,) = struct.unpack("<Q", data[:8])
-    header = json.loads(data[8 : 8 + length])
-    return sum(math.prod(t["shape"]) for name, t in header.items() if name != "__metadata__")
 
 
 def start(env: dict[str, str], workdir: Path) -> dict[str, Any]:
@@ -71,7 +61,7 @@ def main() -> None:
     scratch = Path(tempfile.mkdtemp(prefix="start-forecast-"))
     model = engine_env.make_tiny_model(scratch / "model", **WIDER)
     files = {p.name: p.read_bytes() for p in model.iterdir() if p.is_file() and not p.name.startswith(".")}
-    params = parameter_count(model / "model.safetensors")
+    params = engine_env.parameter_count(model / "model.safetensors")
     size = sum(len(data) for data in files.values())
     print(f"{platform.node()}: {REPO}, {size / 1e6:.1f} MB served at {args.rate / 1e6:.2f} MB/s, {args.pairs} pairs of starts")
     rows: list[tuple[str, float | None, float | None, float]] = []

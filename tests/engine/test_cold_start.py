@@ -15,11 +15,8 @@ cheapest start that proves it).
 
 from __future__ import annotations
 
-import json
-import math
 import re
 import shutil
-import struct
 import tempfile
 from pathlib import Path
 from typing import Any, Iterator
@@ -39,13 +36,6 @@ REPO = "acme/tiny-llama-wide"
 # wider), served at 1.5 MB/s, takes ~25 s and lands in steps the 10 s progress lines can see.
 RATE = 1_500_000
 WIDE = {"layers": 2, "hidden_size": 1024, "intermediate_size": 2048, "heads": 16, "kv_heads": 2, "head_dim": 64}
-
-
-def parameter_count(safetensors: Path) -> int:
-    data = safetensors.read_bytes()
-    (length,) = struct.unpack("<Q", data[:8])
-    header = json.loads(data[8 : 8 + length])
-    return sum(math.prod(t["shape"]) for name, t in header.items() if name != "__metadata__")
 
 
 def start(env: dict[str, str], workdir: Path) -> tuple[dict[str, Any], str]:
@@ -78,7 +68,7 @@ def test_starts_on_one_volume_download_once_and_compile_once(tmp_path: Path, vol
     tiny_model = engine_env.make_tiny_model(tmp_path / "model", **WIDE)
     hub_cache = volume / "huggingface-cache" / "hub"
     files = {p.name: p.read_bytes() for p in tiny_model.iterdir() if p.is_file() and not p.name.startswith(".")}
-    params = parameter_count(tiny_model / "model.safetensors")
+    params = engine_env.parameter_count(tiny_model / "model.safetensors")
     with HubStub() as hub:
         hub.add_repo(REPO, files=files, safetensors={"parameters": {"BF16": params}, "total": params})
         hub.slow_downloads(RATE)

@@ -23,10 +23,12 @@ seconds at a time (serving.intake.paced_target).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 import time
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -117,20 +119,27 @@ def report(spare: list[int], settled: list[int], unfinished: list[int], rows: li
     return p95 if raw else unfinished_p95
 
 
-def test_a_burst_stays_in_the_platforms_queue_and_every_job_completes(tiny_model: Path, tmp_path: Path) -> None:
+@contextlib.contextmanager
+def small_cache_worker(tiny_model: Path, tmp_path: Path) -> Iterator[tuple[ControlPlane, int]]:
+    """A worker with a 4 MiB KV cache (about six of these jobs) and MAX_CONCURRENCY=30, serving: its control plane
+    and its engine's port."""
     env = engine_env.tiny_worker_env(
         tiny_model, MAX_MODEL_LEN="2048", KV_CACHE_MEMORY_BYTES="4194304", MAX_CONCURRENCY="30", DRAIN_TIMEOUT="0"
     )
-    port = int(env["VLLM_PORT"])
     with ControlPlane() as cp:
         proc = WorkerProcess(env, control_plane=cp, workdir=tmp_path).start()
         try:
             proc.wait_for_log(r"engine ready; taking jobs", timeout=engine_env.BOOT_TIMEOUT)
-            body = {"prompt": "hello " * 20, "max_tokens": TOKENS, "min_tokens": TOKENS, "stream": True}
-            results, *samples = burst(cp, port, JOBS, body)
-            status = cp.result(cp.submit({"route": "/worker/status"}), timeout=60)["output"][0]["intake"]
+            yield cp, int(env["VLLM_PORT"])
         finally:
             stop_with_engine(proc, timeout=60)
+
+
+def test_a_burst_stays_in_the_platforms_queue_and_every_job_completes(tiny_model: Path, tmp_path: Path) -> None:
+    with small_cache_worker(tiny_model, tmp_path) as (cp, port):
+        body = {"prompt": "hello " * 20, "max_tokens": TOKENS, "min_tokens": TOKENS, "stream": True}
+        results, *samples = burst(cp, port, JOBS, body)
+        status = cp.result(cp.submit({"route": "/worker/status"}), timeout=60)["output"][0]["intake"]
 
     assert [r["error"] for r in results if "error" in r] == []
     assert report(*samples) <= P95_BOUND
@@ -168,23 +177,14 @@ def test_long_jobs_right_after_short_ones_stay_in_the_platforms_queue_and_no_tak
 ) -> None:
     """Issue 43: after short jobs, a burst of 40 long ones was taken with one batch of 20 where the cache held about
     five. Here 10 jobs of 16 tokens first (the recent requests the intake learns from), then the burst at once."""
-    env = engine_env.tiny_worker_env(
-        tiny_model, MAX_MODEL_LEN="2048", KV_CACHE_MEMORY_BYTES="4194304", MAX_CONCURRENCY="30", DRAIN_TIMEOUT="0"
-    )
-    port = int(env["VLLM_PORT"])
-    with ControlPlane() as cp:
-        proc = WorkerProcess(env, control_plane=cp, workdir=tmp_path).start()
-        try:
-            proc.wait_for_log(r"engine ready; taking jobs", timeout=engine_env.BOOT_TIMEOUT)
-            short = {"prompt": "hello " * 20, "max_tokens": 16, "min_tokens": 16}
-            warmup = [cp.submit({"openai_route": "/v1/completions", "openai_input": short}) for _ in range(10)]
-            assert all("error" not in cp.result(j, timeout=engine_env.BOOT_TIMEOUT) for j in warmup)
-            burst_starts = len(cp.asks())
-            body = {"prompt": "hello " * 20, "max_tokens": TOKENS, "min_tokens": TOKENS, "stream": True}
-            results, *samples = burst(cp, port, JOBS, body)
-            asks = cp.asks()[burst_starts:]
-        finally:
-            stop_with_engine(proc, timeout=60)
+    with small_cache_worker(tiny_model, tmp_path) as (cp, port):
+        short = {"prompt": "hello " * 20, "max_tokens": 16, "min_tokens": 16}
+        first = [cp.submit({"openai_route": "/v1/completions", "openai_input": short}) for _ in range(10)]
+        assert all("error" not in cp.result(j, timeout=engine_env.BOOT_TIMEOUT) for j in first)
+        burst_starts = len(cp.asks())
+        body = {"prompt": "hello " * 20, "max_tokens": TOKENS, "min_tokens": TOKENS, "stream": True}
+        results, *samples = burst(cp, port, JOBS, body)
+        asks = cp.asks()[burst_starts:]
 
     assert [r["error"] for r in results if "error" in r] == []
     # Nothing left out of the count (issue 43's acceptance): every job taken and not running in vLLM.

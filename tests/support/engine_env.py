@@ -18,8 +18,8 @@ from typing import Mapping, Sequence
 
 import pytest
 
-from vllm_worker.engine.process import Engine
 from vllm_worker.config.profile import apply_overrides
+from vllm_worker.engine.process import Engine
 
 REPO = Path(__file__).resolve().parents[2]
 ENGINE_VENV = REPO / ".venv-engine"
@@ -168,3 +168,15 @@ def tiny_worker_env(model: Path | str, **overrides: str | None) -> dict[str, str
         "VLLM_STARTUP_TIMEOUT": str(int(BOOT_TIMEOUT)),
     }
     return apply_overrides(env, overrides)
+
+
+def parameter_count(safetensors: Path) -> int:
+    """The parameters a safetensors file holds (its header's shapes), for a Hub stand-in's safetensors counts."""
+    import json
+    import math
+    import struct
+
+    data = safetensors.read_bytes()
+    (length,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8 : 8 + length])
+    return sum(math.prod(t["shape"]) for name, t in header.items() if name != "__metadata__")
