@@ -216,7 +216,9 @@ def test_at_ready_the_watch_sets_the_start_against_the_forecast_and_gives_the_en
     assert watch.actual == {
         "seconds_to_ready": 200.0, "before_launch": 10.0, "before_download": 30.0, "download": 120.0, "after_download": None,
     }  # fmt: skip
-    assert "ready 200 s after the worker started; predicted 165 s before the download" in caplog.records[-1].getMessage()
+    line = caplog.records[-1].getMessage()
+    assert "ready 200 s after the worker started; predicted 165 s before the download" in line
+    assert line.endswith("; the engine before its download 30 s (predicted 0), the download 120 s (predicted 100)")
     cached = StartWatch(forecast(), 0.0, "acme/m", True, clock)
     assert cached.at_ready(42.0, {"import_config": 30.5, "weights_load": 1.0}) == (30.5, 11.5)
     assert cached.actual is not None and cached.actual["after_download"] == 11.5

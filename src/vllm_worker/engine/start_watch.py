@@ -77,9 +77,9 @@ class StartWatch:
     def at_ready(self, launch_seconds: float, phases: Mapping[str, float]) -> tuple[float, float] | None:
         """The first launch is ready `launch_seconds` after it began: log predicted against actual, and return the
         engine's start before its download and after it, what the next start of this configuration is predicted
-        with: only from
-        a start that fetched nothing (vLLM's own download line covers only part of a download, and a start
-        recorded with the rest in it was forecast at three times its time: bench/start_forecast.py, 2026-12-07)."""
+        with: only from a start that fetched nothing (vLLM's own download line covers only part of a download,
+        and a start recorded with the rest in it was forecast at three times its time: bench/start_forecast.py,
+        2026-12-07)."""
         total = self.clock() - self.began
         download = phases.get("download", 0.0)
         before = min(launch_seconds, phases.get("import_config", 0.0))
@@ -91,15 +91,21 @@ class StartWatch:
             "download": round(download, 1),
             "after_download": None if after is None else round(after, 1),
         }
-        predicted = self.first.total_s
+        predicted, first = self.first.total_s, self.first
+        terms = [("the engine before its download", before, first.before_s), ("the download", download, first.download_s)]
+        if after is not None:
+            terms.append(("the engine after it", after, first.after_s))
         log.info(
             "start forecast against the start: ready %.0f s after the worker started; predicted %s before the "
-            "download%s (limit %.0f s, %s)",
+            "download%s (limit %.0f s, %s); %s",
             total,
             f"{predicted:.0f} s" if predicted is not None else "no figure",
             f", {self.current.total_s:.0f} s once its rate was known" if self.current is not self.first and self.current.total_s else "",
             self.current.limit.seconds,
             self.current.limit.source,
+            ", ".join(
+                f"{name} {took:.0f} s (predicted {'?' if guess is None else f'{guess:.0f}'})" for name, took, guess in terms
+            ),
         )
         return None if after is None else (before, after)
 
