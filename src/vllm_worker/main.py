@@ -234,20 +234,8 @@ def _startup(
     failed = _report_checks(checks)
     if failed is not None:
         return failed
-    volume = os.path.ismount(settings.base_path)
-    if not volume:
-        log.info(
-            "BASE_PATH=%s is not a network volume (%s): the worker asks for no fresh worker, and the engine's "
-            "compile caches and the warm mark stay in the container",
-            settings.base_path,
-            fresh_machine.not_a_volume(settings.base_path),
-        )
     cached = model_cache.lookup(profile)
-    caches = compile_cache.prepare(settings.base_path, env, built.argv, str(cached.snapshot) if cached else None)
-    if caches.warning:
-        log.warning("%s", caches.warning)
-    elif caches.root is not None:
-        log.info("compile caches on the volume at %s (%s for this configuration)", caches.root, caches.expected)
+    volume, caches = _volume_and_caches(env, settings, built.argv, cached)
     step = time.monotonic()
     facts: capacity.ModelFacts | None = None
     if cached is not None:
@@ -263,22 +251,15 @@ def _startup(
         log.error("pre-flight: %s", result.message)
         return StartupOutcome(fatal=result.message, model_cache=cached.status() if cached else None)
     phases["preflight"] = round(time.monotonic() - step, 2)
-    # The disk where the download goes, now that the pre-flight knows the model's size.
     summary = result.model_info_summary
-    download = None
-    if result.skipped_reason is None and summary is not None:
-        hub_cache = model_cache.cache_roots(profile)[-1][1]
-        download = DownloadPlan(
-            summary.repo,
-            repo_folder(hub_cache, summary.repo),
-            expected_bytes(summary.safetensors_parameters),
-        )
-        if cached is None:
-            where = "the network volume at BASE_PATH" if volume and _under(download.folder, settings.base_path) else "the container disk"
-            checks.append(machine_checks.disk_for_download(download.folder, download.total, where))
-            failed = _report_checks(checks, len(checks) - 1)
-            if failed is not None:
-                return failed
+    download = _download_plan(profile, summary if result.skipped_reason is None else None)
+    if download is not None and cached is None:
+        # The disk where the download goes, now that the pre-flight knows the model's size.
+        where = "the network volume at BASE_PATH" if volume and _under(download.folder, settings.base_path) else "the container disk"
+        checks.append(machine_checks.disk_for_download(download.folder, download.total, where))
+        failed = _report_checks(checks, len(checks) - 1)
+        if failed is not None:
+            return failed
     step = time.monotonic()
 
     devices = gpu_memory.probe(profile, cast(gpu_memory.Platform, settings.engine_device))
@@ -325,6 +306,34 @@ def _startup(
         )
     outcome.model_cache = cached.status() if cached else None
     return outcome
+
+
+def _volume_and_caches(
+    env: Mapping[str, str], settings: settings_mod.Settings, argv: Sequence[str], cached: model_cache.CachedModel | None
+) -> tuple[bool, compile_cache.CacheSetup]:
+    """Whether BASE_PATH is a network volume (said once when it is not), and the engine's compile caches there."""
+    volume = os.path.ismount(settings.base_path)
+    if not volume:
+        log.info(
+            "BASE_PATH=%s is not a network volume (%s): the worker asks for no fresh worker, and the engine's "
+            "compile caches and the warm mark stay in the container",
+            settings.base_path,
+            fresh_machine.not_a_volume(settings.base_path),
+        )
+    caches = compile_cache.prepare(settings.base_path, env, argv, str(cached.snapshot) if cached else None)
+    if caches.warning:
+        log.warning("%s", caches.warning)
+    elif caches.root is not None:
+        log.info("compile caches on the volume at %s (%s for this configuration)", caches.root, caches.expected)
+    return volume, caches
+
+
+def _download_plan(profile: LaunchProfile, summary: ModelSummary | None) -> DownloadPlan | None:
+    """What the engine will download (None: nothing; the pre-flight skipped the Hub, or it said nothing)."""
+    if summary is None:
+        return None
+    hub_cache = model_cache.cache_roots(profile)[-1][1]
+    return DownloadPlan(summary.repo, repo_folder(hub_cache, summary.repo), expected_bytes(summary.safetensors_parameters))
 
 
 def _start_watch(

@@ -206,19 +206,8 @@ class Launcher:
         record["compile_caches"] = phase_clock.cache
         result = Attempt("ready", record, served_model_name=built.served_model_name, warnings=list(built.warnings))
         if state == "ready":
-            record["outcome"] = "ready"
             result.engine = engine
-            worker = self.worker_phases if self.count == 1 else {}
-            cache: str | None = phase_clock.cache
-            if cache is not None and phase_clock.corrupt_entry is not None:
-                cache += f" (vLLM could not read {phase_clock.corrupt_entry} and compiled it again)"
-            log.info("%s", phases_line(self.count, {**worker, **phases}, phases, cache))
-            warmed = warmup.warm_up(engine.host, engine.port, built.served_model_name)
-            record["warmup_seconds"] = round(warmed.seconds, 2)
-            log.info("%s", warmed.line())
-            compile_cache.record_ready(self.caches, built.argv, phase_clock.cache)
-            if self.start is not None and self.start.actual is None:  # the start's first ready launch
-                compile_cache.record_start(self.caches, built.argv, self.start.at_ready(record["seconds"], phases))
+            self._ready(engine, built, record, phases, phase_clock)
             return result
         if self.supervisor.stopping:
             record["outcome"] = result.outcome = "stopped"
@@ -232,6 +221,25 @@ class Launcher:
         record.update(outcome="failed", exit_code=engine.returncode, cause=result.diagnosis.kind)
         result.outcome = "failed"
         return result
+
+
+    def _ready(
+        self, engine: Engine, built: command.BuiltArgs, record: dict[str, Any], phases: dict[str, float], clock: PhaseClock
+    ) -> None:
+        """A ready launch: its phases said, the engine's warm-up paid by the worker, the caches marked warm, and
+        the start's first ready launch set against its forecast and recorded."""
+        record["outcome"] = "ready"
+        worker = self.worker_phases if self.count == 1 else {}
+        cache: str | None = clock.cache
+        if cache is not None and clock.corrupt_entry is not None:
+            cache += f" (vLLM could not read {clock.corrupt_entry} and compiled it again)"
+        log.info("%s", phases_line(self.count, {**worker, **phases}, phases, cache))
+        warmed = warmup.warm_up(engine.host, engine.port, built.served_model_name)
+        record["warmup_seconds"] = round(warmed.seconds, 2)
+        log.info("%s", warmed.line())
+        compile_cache.record_ready(self.caches, built.argv, clock.cache)
+        if self.start is not None and self.start.actual is None:
+            compile_cache.record_start(self.caches, built.argv, self.start.at_ready(record["seconds"], phases))
 
 
 @dataclass
