@@ -114,8 +114,14 @@ class Upstream:
             payload = "".join(STREAM_EVENTS).encode()
             if content == "drop":
                 return await self._sse(request, payload, drop_after=len("".join(STREAM_EVENTS[:3]).encode()) + 20)
+            if content == "crlf":  # SSE's other line end, `data: [DONE]` included
+                return await self._sse(request, payload.replace(b"\n", b"\r\n"))
+            if content == "empty":  # the stream's headers, then its end: no event at all
+                return await self._sse(request, b"")
             if content == "no-done":
                 return await self._sse(request, "".join(STREAM_EVENTS[:-1]).encode())
+            if content.startswith("tail:"):  # the events, then one the engine did not terminate
+                return await self._sse(request, "".join(STREAM_EVENTS[:-1]).encode() + content[5:].encode())
             if content == "unterminated-done":
                 return await self._sse(request, payload[:-1])
             if content == "pause":
@@ -263,6 +269,19 @@ async def test_stream_yields_whole_events_ending_with_done(upstream: Upstream) -
     assert "".join(out).count("[DONE]") == 1
 
 
+async def test_a_stream_the_engine_ends_without_any_event_is_answered_with_done_alone(upstream: Upstream) -> None:
+    configure(_state(upstream.port))
+    assert await _run(_chat("empty", stream=True)) == ["data: [DONE]\n\n"]
+
+
+async def test_a_stream_in_crlf_lines_ending_with_done_gets_no_second_done(upstream: Upstream) -> None:
+    configure(_state(upstream.port))
+    out = await _run(_chat("crlf", stream=True))
+    _assert_whole_events(out)
+    assert "".join(out) == "".join(STREAM_EVENTS).replace("\n", "\r\n")
+    assert "".join(out).count("[DONE]") == 1
+
+
 async def test_a_stream_is_joined_within_the_interval_its_first_event_posted_at_once_its_end_not_held_back(
     upstream: Upstream, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -346,6 +365,15 @@ async def test_stream_without_done_gets_one(upstream: Upstream) -> None:
     out = await _run(_chat("unterminated-done", stream=True))
     _assert_whole_events(out)
     assert "".join(out) == "".join(STREAM_EVENTS)
+
+
+@pytest.mark.parametrize("tail", ["data: the end \n", "data: MAX"])
+async def test_an_event_the_engine_did_not_terminate_is_closed_with_its_data_as_sent(upstream: Upstream, tail: str) -> None:
+    # Only the line ends are cut before the blank line that closes it: blanks and letters in its data stay.
+    configure(_state(upstream.port))
+    out = await _run(_chat("tail:" + tail, stream=True))
+    _assert_whole_events(out)
+    assert "".join(out) == "".join(STREAM_EVENTS[:-1]) + tail.rstrip("\n") + "\n\n" + "data: [DONE]\n\n"
 
 
 async def test_stream_error_event_ends_the_job_with_a_sentence(upstream: Upstream) -> None:

@@ -139,3 +139,22 @@ def test_parse_counter_counts() -> None:
     before = PARSES.count
     LaunchProfile.parse({})
     assert PARSES.count == before + 1
+
+
+def test_an_override_that_removes_a_variable_not_set_changes_nothing() -> None:
+    from vllm_worker.config.profile import apply_overrides
+
+    assert apply_overrides({"MODEL_NAME": "acme/m"}, {"CODE_REVISION": None, "MAX_NUM_SEQS": "8"}) == {
+        "MODEL_NAME": "acme/m", "MAX_NUM_SEQS": "8",
+    }
+
+
+def test_a_change_that_turns_eager_off_is_the_profile_enforce_eager_false_parses_to() -> None:
+    # No ladder step turns graphs back on today; the typed change must still say "false" where it means it.
+    from vllm_worker.config.profile import ProfileChange
+
+    change = ProfileChange(enforce_eager=False)
+    assert change.variables() == {"ENFORCE_EAGER": "false"}
+    off = LaunchProfile.parse({"MODEL_NAME": "acme/m", "ENFORCE_EAGER": "true"}).changed("graphs", change, change.variables())
+    parsed = LaunchProfile.parse({"MODEL_NAME": "acme/m", "ENFORCE_EAGER": "false"})
+    assert (off.enforce_eager, off.env, off.options) == (False, parsed.env, parsed.options)
