@@ -178,14 +178,16 @@ def test_the_log_line_names_the_pace_only_when_there_is_one(caplog: pytest.LogCa
         gate.observe(FIVE, 180.0)  # 2 -> 5, paced to 9
         gate.observe(FIVE, 220.0)  # the same: no line
         roomy = EngineNow(0, 0, 0.0, finished=1, prompt_tokens=10, generated_tokens=10, engine_seconds=1, block_size=128)
-        # After one short request, the room for 30 of them: taken as the engine shows room, not at once (3 -> 3).
+        # After one short request, the room for 30 of them: taken as the engine shows room, not at once (3 -> 2).
         reason = intake.Intake(lambda: BOUNDS).observe(roomy, 0.0).reason
     lines = [r.getMessage() for r in caplog.records]
     assert [line.split(":")[0] for line in lines] == [
         "taking up to 2 job(s) at once (was 3)",
         "taking up to 6 job(s) at once, then one at a time up to 7 (was 2)",  # the room and one to wait; 5 running + 2
+        "taking up to 2 job(s) at once (was 3)",  # no room shown past two of MAX_MODEL_LEN: none to wait in vLLM
     ]
-    assert reason.endswith("; at most 3 held: the engine has shown room for 2, and 1 to wait in it")
+    assert lines[-1].endswith(": " + reason)
+    assert reason.endswith("; at most 2 held: the engine has shown room for 2")
 
 
 def test_bounds_take_whole_positive_figures_only() -> None:
