@@ -62,11 +62,14 @@ def in_engine(port: int) -> tuple[int, int, int]:
 Sample = tuple[float, int, int, int, int, int, int, float]
 
 
-def burst(cp: ControlPlane, port: int, jobs: int, body: dict) -> tuple[list[dict], list[int], list[int], list[int], list[Sample]]:
+def burst(
+    cp: ControlPlane, port: int, jobs: int, body: dict | list[dict]
+) -> tuple[list[dict], list[int], list[int], list[int], list[Sample]]:
     """`jobs` streamed jobs of `body` queued at once, sampled every SAMPLE_S while the platform still queues:
     the answers; taken but not running; less those on their way in; less those vLLM finished too; each sample."""
     base = in_engine(port)[2]  # requests vLLM finished before the burst (earlier jobs, the worker's warm-up)
-    ids = [cp.submit({"openai_route": "/v1/completions", "openai_input": body}) for _ in range(jobs)]
+    bodies = body if isinstance(body, list) else [body] * jobs
+    ids = [cp.submit({"openai_route": "/v1/completions", "openai_input": b}) for b in bodies]
     spare: list[int] = []
     settled: list[int] = []
     unfinished: list[int] = []
@@ -193,3 +196,14 @@ def test_long_jobs_right_after_short_ones_stay_in_the_platforms_queue_and_no_tak
     # The engine is idle when the burst comes: it has shown room for what its cache holds of MAX_MODEL_LEN (4,096
     # tokens: 2), one more, and the jobs kept waiting inside it; after that, a take asks for what ended and one more.
     assert max(asked for _, asked, _ in asks) <= 2 + 1 + intake.MAX_BUFFER
+
+
+def test_a_burst_of_mixed_lengths_stays_in_the_platforms_queue(tiny_model: Path, tmp_path: Path) -> None:
+    """Issue 43: short chat turns and long generations mixed, 40 at once (every third one long): every job taken
+    and not running counted, nothing left out, and every job completes."""
+    lengths = [TOKENS if n % 3 == 0 else 24 for n in range(JOBS)]
+    bodies = [{"prompt": "hello " * 20, "max_tokens": t, "min_tokens": t, "stream": True} for t in lengths]
+    with small_cache_worker(tiny_model, tmp_path) as (cp, port):
+        results, *samples = burst(cp, port, JOBS, bodies)
+    assert [r["error"] for r in results if "error" in r] == []
+    assert report(*samples, raw=True) <= P95_BOUND
