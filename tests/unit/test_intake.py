@@ -626,3 +626,17 @@ def test_the_buffer_is_what_ends_in_a_takes_round_trip_one_at_least_two_at_most(
     assert intake.buffer_for(b, 5, 1.0, 1) == 0  # vLLM preempts: its cache is overfilled
     assert intake.buffer_for(Bounds(30, 4096, 2048, buffer=4), 0, 1.0, 0) == 4
     assert intake.buffer_for(Bounds(30, 4096, 2048, buffer=0), 9, 1.0, 0) == 0
+
+
+@pytest.mark.parametrize("blocks, block", [(32, 128), (256, 16), (64, 128)])
+def test_a_burst_of_mixed_lengths_waits_in_the_platforms_queue(blocks: int, block: int) -> None:
+    # Every third job a long generation, the others short chat turns, 40 queued at once.
+    b = Bounds(30, blocks * block, 2048)
+    limit, observe, _ = capacity_aware(b)
+    out = kv_model.run(
+        limit, observe, blocks=blocks, block_size=block, prompt=21, generate=600, seconds=900.0, jobs=40,
+        sizes=lambda n: (21, 600) if n % 3 == 0 else (21, 24), shown=shown_at_take(b),
+    )  # fmt: skip
+    assert out.ended < 900.0
+    assert p95(out.taken_not_running) <= 3, out.taken_not_running
+    assert all(asked <= shown for _, asked, shown in out.takes)
