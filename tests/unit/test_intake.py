@@ -481,9 +481,12 @@ def test_with_a_backlog_the_worker_keeps_the_engine_about_as_busy_as_a_fixed_wor
     limit, observe, _ = capacity_aware(Bounds(30, blocks * block, 2048))
     aware = kv_model.run(limit, observe, **kw)  # type: ignore[arg-type]
     assert p95(given_all.taken_not_running) >= 15  # the fixed worker's jobs wait in vLLM
-    # Up to the peaks, jobs of 100 and 200 tokens complete 0.85 of the fixed worker's here: a job's take
-    # and answer leave its slot empty for a moment, and a short job's life is short. A target half way to
-    # the average kept 0.90 there by overfilling the cache, so preempting (paced_target says why not).
+    # The floor is the model's, not a benchmark (the model is deterministic; bench/intake_buffers.py measures the
+    # engine). Its lowest cases are the shortest jobs, (64, 16, 20, 200) and (32, 128, 500, 100): 0.85 of the fixed
+    # worker's with the derived buffer, 0.842 without one (2026-12-07). A job's take and answer leave its slot empty
+    # for a moment and a short job's life is short; a target past the peaks kept 0.90 there by overfilling the cache,
+    # so preempting (paced_target says why not). It was 0.80, 0.85, 0.88 and 0.84 as the rule changed; it is 0.84
+    # because no buffer (INTAKE_BUFFER=0) is a setting a user may choose, and that reads 0.842 in the lowest case.
     assert aware.completed >= 0.84 * given_all.completed, (aware.completed, given_all.completed)
     assert p95(aware.taken_not_running) <= 2
     assert p95(aware.first_token_waits) <= 1.25
