@@ -335,12 +335,13 @@ def test_the_intake_reads_the_requests_finished_between_its_reads() -> None:
     gate = intake.Intake(lambda: BOUNDS, held=lambda: 3)
     watch = engine_load.LoadWatch("127.0.0.1", 1, lambda: DEFAULTS, 30, clock=lambda: 0.0, intake=gate)
     # 4 finished before the first read: 75 + 25 tokens, 2 s each. Then one more of 1,075 tokens and 4 s.
-    watch.feed_intake(sample(10.0, running=3, finished=4, finished_prompt=300, finished_generated=100, finished_seconds=8.0))
+    # (Three running at 5 % of 4,096 tokens hold 68 each: no more than the recent ones held to their end.)
+    watch.feed_intake(sample(10.0, running=3, kv=0.05, finished=4, finished_prompt=300, finished_generated=100, finished_seconds=8.0))
     assert gate.status()["recent_requests"] == {"prompt_tokens": 75.0, "generated_tokens": 25.0, "engine_seconds": 2.0}
-    watch.feed_intake(sample(11.0, running=3, finished=5, finished_prompt=375, finished_generated=1100, finished_seconds=12.0))
+    watch.feed_intake(sample(11.0, running=3, kv=0.05, finished=5, finished_prompt=375, finished_generated=1100, finished_seconds=12.0))
     assert gate.status()["recent_requests"] == {"prompt_tokens": 75.0, "generated_tokens": 122.5, "engine_seconds": 2.2}
     assert gate.status()["engine"] == {
-        "running": 3, "waiting": 0, "kv_cache_usage": 0.1, "preempted_since_last_read": 0, "held_by_worker": 3,
+        "running": 3, "waiting": 0, "kv_cache_usage": 0.05, "preempted_since_last_read": 0, "held_by_worker": 3,
     }
 
 

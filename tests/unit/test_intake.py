@@ -591,11 +591,11 @@ def test_once_the_running_requests_outgrow_the_recent_ones_what_they_said_is_for
     limit = intake.decide(intake.first(BOUNDS), short, BOUNDS)
     assert limit.recent is not None and limit.recent.length == pytest.approx(62.0)
     # The jobs that follow are long: four running hold 60% of 4,096 tokens, 614 each, where the recent ones held a
-    # block (128) to their end; half as much again is not yet a change (a steady mix's long ones run longer).
+    # block (128) to their end: more than that is a change.
     grown = EngineNow(4, 0, 0.6, block_size=128)
     assert intake.outgrown(grown, 4096, 62.0, 128) and not intake.outgrown(grown, 4096, 642.0, 128)
-    assert not intake.outgrown(EngineNow(4, 0, 0.1875, block_size=128), 4096, 62.0, 128)  # 192 each: 1.5 blocks
-    assert intake.outgrown(EngineNow(4, 0, 0.19, block_size=128), 4096, 62.0, 128)
+    assert not intake.outgrown(EngineNow(4, 0, 0.125, block_size=128), 4096, 62.0, 128)  # 128 each: a block
+    assert intake.outgrown(EngineNow(4, 0, 0.13, block_size=128), 4096, 62.0, 128)
     after = intake.decide(limit, grown, BOUNDS)
     assert after.recent is None and after.target is None
     assert after.value == 4  # what runs: no room for one of MAX_MODEL_LEN, no growth, nothing to wait in it
