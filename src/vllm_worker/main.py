@@ -352,7 +352,9 @@ def _start_watch(
     start after its download (this configuration's last ready start, else the platform's figure)."""
     to_fetch, rate = 0, None
     if download is not None and summary is not None:
-        endpoint = (profile.hf_endpoint or "https://huggingface.co").rstrip("/")
+        from vllm_worker.model.preflight import DEFAULT_ENDPOINT
+
+        endpoint = (profile.hf_endpoint or DEFAULT_ENDPOINT).rstrip("/")
         revision = summary.sha or summary.revision
         files = hub_rate.fetched_files(hub_rate.list_files(endpoint, summary.repo, revision, profile.hf_token) or {})
         to_fetch = max(0, (sum(files.values()) if files else download.total or 0) - bytes_on_disk(download.folder))

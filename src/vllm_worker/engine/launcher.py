@@ -179,10 +179,11 @@ class Launcher:
         log.info("launch %d: %s", self.count, masked)
         started = self.clock()
         phase_clock = PhaseClock()
-        first = self.count == 1 and self.start is not None
         watch = None
         if self.download is not None:
-            watch = self.download.watch(on_rate=self.start.on_rate if first and self.start is not None else None)
+            # Only the first launch's download is the start's: a relaunch finds the weights on disk.
+            on_rate = self.start.on_rate if self.start is not None and self.count == 1 else None
+            watch = self.download.watch(on_rate=on_rate)
 
         def on_line(line: str) -> None:
             phase_clock.feed(self.clock() - started, line)

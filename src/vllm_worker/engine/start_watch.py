@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from dataclasses import replace
 from typing import Any, Callable, Mapping
 
 from vllm_worker.config import settings as settings_mod
@@ -57,13 +58,10 @@ class StartWatch:
         with self._lock:
             left = self.current.to_fetch if reading.total is None else max(0, reading.total - reading.done)
             elapsed = self.clock() - self.began
+            # From now: what is spent, the rest of the download at its rate, and the engine's start after it (the
+            # download follows the engine's import and configuration: vLLM fetches the weights in its engine core).
             measured = self.current.with_rate(reading.rate or 0.0, left, "the download's first seconds")
-            # From now: what is spent, what is left of the download at its rate, the engine's start after it.
-            # The download follows the engine's import and configuration (vLLM fetches the weights in its engine
-            # core): what is left is the download's rest and the start after it.
-            self.current = Forecast(
-                elapsed, measured.to_fetch, measured.rate, measured.rate_from, measured.after_s, measured.after_from, measured.limit
-            )
+            self.current = replace(measured, elapsed_s=elapsed, before_s=0.0)
             self.say("the download's rate measured")
 
     def engine_env(self, env: Mapping[str, str]) -> dict[str, str]:
