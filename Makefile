@@ -21,7 +21,7 @@ lint:
 PYTEST_WORKERS ?= 2
 
 test: setup lint
-	.venv/bin/python -m pytest -ra -n $(PYTEST_WORKERS) --dist loadfile --durations=20
+	.venv/bin/python -m pytest -ra -n $(PYTEST_WORKERS) --dist loadfile --durations=40
 
 bench: setup
 	.venv/bin/python bench/proxy.py

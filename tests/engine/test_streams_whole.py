@@ -2,11 +2,12 @@
 
 The SDK's job loop against the control-plane stand-in (plain asyncio) and the local API
 (`vllm-worker run --rp_serve_api`: uvicorn on uvloop, the realtime path on the platform) each
-stream completions of 100 to 2,000 tokens, one at a time and eight at once: every event arrives
+stream completions of 100 to 1,000 tokens one at a time, and eight of 100 to 1,200 at once: every event arrives
 once, in order (vLLM's continuous usage counts 1..N), ending in `[DONE]`, and no job is answered
 with a timeout. Before the relay told its own pause from the request's timeout by what timed out,
-the local API cut 3 streams of 4 after about a second with "REQUEST_TIMEOUT=900". bench/streams.py
-runs the issue's full count (20 each way) with the same code.
+the local API cut 3 streams of 4 after about a second with "REQUEST_TIMEOUT=900" (12 of 12 of these
+tests' streams, 2026-12-07), so a thousand tokens is long enough to show a cut. bench/streams.py runs the
+issue's full count (20 each way, up to 2,000 tokens) with the same code.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from tests.support.worker_proc import WorkerProcess, stop_with_engine
 pytestmark = pytest.mark.engine
 
 AT_ONCE = 8
-LENGTHS = streams.lengths(6)
+# One at a time costs the sum of the lengths, at once about the longest (a clean-clone CI run's budget).
+LENGTHS = {1: streams.lengths(4, high=1000), AT_ONCE: streams.lengths(AT_ONCE, high=1200)}
 SETTINGS = {"MAX_CONCURRENCY": str(AT_ONCE), "ADAPTIVE_CONCURRENCY": "false", "MAX_MODEL_LEN": "2048", "REQUEST_TIMEOUT": "900"}
 
 
@@ -60,9 +62,9 @@ def _whole(results: list[streams.Checked]) -> None:
 
 @pytest.mark.parametrize("at_once", [1, AT_ONCE])
 def test_streams_through_the_job_loop_arrive_whole(job_loop: ControlPlane, at_once: int) -> None:
-    _whole(streams.run(streams.via_job_loop(job_loop, engine_env.BOOT_TIMEOUT), LENGTHS, at_once))
+    _whole(streams.run(streams.via_job_loop(job_loop, engine_env.BOOT_TIMEOUT), LENGTHS[at_once], at_once))
 
 
 @pytest.mark.parametrize("at_once", [1, AT_ONCE])
 def test_streams_through_the_local_api_arrive_whole(local_api: int, at_once: int) -> None:
-    _whole(streams.run(streams.via_local_api(local_api, engine_env.BOOT_TIMEOUT), LENGTHS, at_once))
+    _whole(streams.run(streams.via_local_api(local_api, engine_env.BOOT_TIMEOUT), LENGTHS[at_once], at_once))
