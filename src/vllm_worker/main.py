@@ -352,9 +352,9 @@ def _start_watch(
     start after its download (this configuration's last ready start, else the platform's figure)."""
     to_fetch, rate = 0, None
     if download is not None and summary is not None:
-        from vllm_worker.model.preflight import DEFAULT_ENDPOINT
+        from vllm_worker.model.preflight import hub_endpoint
 
-        endpoint = (profile.hf_endpoint or DEFAULT_ENDPOINT).rstrip("/")
+        endpoint = hub_endpoint(profile)
         revision = summary.sha or summary.revision
         files = hub_rate.fetched_files(hub_rate.list_files(endpoint, summary.repo, revision, profile.hf_token) or {})
         to_fetch = max(0, (sum(files.values()) if files else download.total or 0) - bytes_on_disk(download.folder))

@@ -96,6 +96,11 @@ class PreflightResult:
 # --------------------------------------------------------------------------- decisions
 
 
+def hub_endpoint(profile: LaunchProfile) -> str:
+    """The Hub the model comes from: HF_ENDPOINT as set, else huggingface.co (what vLLM's huggingface_hub reads)."""
+    return (profile.hf_endpoint or DEFAULT_ENDPOINT).rstrip("/")
+
+
 def is_url(reference: str) -> bool:
     return "://" in reference
 
@@ -325,7 +330,7 @@ def run(
     from huggingface_hub import HfApi
 
     token = profile.hf_token
-    endpoint = (profile.hf_endpoint or DEFAULT_ENDPOINT).rstrip("/")
+    endpoint = hub_endpoint(profile)
     # token=False everywhere without HF_TOKEN: no token file from ~/.cache, so the
     # answer depends only on the environment vLLM is given.
     api = HfApi(endpoint=endpoint, token=False, library_name="vllm-worker")

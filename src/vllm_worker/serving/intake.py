@@ -400,7 +400,7 @@ def bounded(rule: Limit, now: EngineNow | None, bounds: Bounds) -> Limit:
     # Nor past the paced target on the room's side (the rule's target is never below its room): requests running at
     # or past what the cache holds at their peaks leave none for one more to wait.
     ceiling = top if rule.target is None else rule.target
-    wanted = min(top, rule.value + kept, ceiling) if rule.target is None else min(top, rule.target)
+    wanted = min(top, rule.value + kept if rule.target is None else rule.target)
     value = max(1, min(top, rule.value + kept, ceiling, shown))
     # The buffer is on the room, not on the paced target: that is what the cache holds at the requests' peaks, and a
     # request kept waiting past it is admitted by vLLM between the peaks and preempted at the next one.
