@@ -74,6 +74,10 @@ def run(env: Mapping[str, str] | None = None) -> int:
         return stopped.code
     finally:
         supervisor.stop(shutdown.engine_grace())  # after a platform stop, within what is left of its window
+        since = shutdown.since_signal()
+        if since is not None:
+            # The stop's last line: how much of the platform's window the worker used (SIGKILL at KILL_AFTER_S).
+            log.info("engine stopped; the worker exits %.1f s after the platform's signal", since)
 
 
 def _start_and_serve(

@@ -232,13 +232,14 @@ def test_a_signal_during_startup_stops_the_engine_and_ends_startup() -> None:
     assert stopped == [True] and ended.value.code == 143
 
 
-def test_the_answers_of_cut_jobs_are_posted_by_the_platforms_sigkill() -> None:
-    """Runpod's 5 s from SIGTERM to SIGKILL: the default drain (3 s) leaves the rest to the posting."""
-    assert platform.KILL_AFTER_S == 5.0
-    assert platform.post_deadline(100.0, 3.0) == 105.0
-    assert platform.post_deadline(100.0, 0.0) == 105.0
-    assert platform.post_deadline(100.0, 4.0) == 105.0  # exactly MIN_POST_S after the cut
+def test_the_answers_of_cut_jobs_are_posted_a_second_before_the_platforms_sigkill() -> None:
+    """Runpod's 5 s from SIGTERM to SIGKILL: the default drain (3 s), 1 s for the posting, 1 s for the exit."""
+    assert platform.KILL_AFTER_S == 5.0 and platform.EXIT_MARGIN_S == 1.0
+    assert platform.post_deadline(100.0, 3.0) == 104.0
+    assert platform.post_deadline(100.0, 0.0) == 104.0
+    assert platform.post_deadline(100.0, 2.5) == 104.0  # 1.5 s for the posting
     # A DRAIN_TIMEOUT past the window declares a longer one: the posting still gets MIN_POST_S.
+    assert platform.post_deadline(100.0, 4.0) == 105.0
     assert platform.post_deadline(100.0, 60.0) == 100.0 + 60.0 + platform.MIN_POST_S
 
 

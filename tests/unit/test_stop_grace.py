@@ -23,6 +23,7 @@ class Clock:
 
 def test_before_a_signal_the_engine_gets_its_own_grace() -> None:
     assert platform.Shutdown(clock=Clock()).engine_grace() is None
+    assert platform.Shutdown(clock=Clock()).since_signal() is None
 
 
 def test_after_the_drain_the_grace_is_what_is_left_of_the_window() -> None:
@@ -31,7 +32,8 @@ def test_after_the_drain_the_grace_is_what_is_left_of_the_window() -> None:
     shutdown.drain_timeout = 3.0
     shutdown.signal_at = clock.now
     clock.now += 3.0  # the drain's 3 s
-    assert shutdown.engine_grace() == platform.KILL_AFTER_S - 3.0 - platform.EXIT_MARGIN_S
+    assert shutdown.engine_grace() == platform.KILL_AFTER_S - 3.0 - platform.EXIT_MARGIN_S == 1.0
+    assert shutdown.since_signal() == 3.0
     clock.now += 10.0  # past the window: SIGKILL at once
     assert shutdown.engine_grace() == 0.0
 
@@ -42,7 +44,7 @@ def test_a_longer_declared_drain_gives_the_engine_the_longer_window() -> None:
     shutdown.drain_timeout = 10.0
     shutdown.signal_at = clock.now
     clock.now += 10.0
-    assert shutdown.engine_grace() == platform.MIN_POST_S - platform.EXIT_MARGIN_S
+    assert shutdown.engine_grace() == platform.MIN_POST_S == 1.0
 
 
 def test_the_supervisor_stops_the_engine_within_the_shorter_of_the_two() -> None:

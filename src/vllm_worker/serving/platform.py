@@ -12,10 +12,11 @@ What the SDK does not do the way this worker needs, kept here in one place:
   sent again (never "the engine died"); a second signal does that at once. `main` stops the engine
   after the loop ends. Runpod documents 5 s between SIGTERM and SIGKILL (the spot-instance note of
   its Pods pricing page, https://docs.runpod.io/pods/pricing, runpod/docs until commit 8e5aebdb),
-  its serverless pages name no figure, so DRAIN_TIMEOUT defaults to 3 s, counted from the signal, and
-  the answers of the jobs cut then must be posted by KILL_AFTER_S (5 s) after the signal: the wait for
-  them ends there (`post_deadline`). A DRAIN_TIMEOUT above 4 s declares a longer window than the
-  documented one; the posting then gets MIN_POST_S (1 s) after the cut.
+  its serverless pages name no figure, so DRAIN_TIMEOUT defaults to 3 s, counted from the signal; the
+  answers of the jobs cut then are posted, and the engine stopped, by 4 s after it (`post_deadline`),
+  and the last second of the window (EXIT_MARGIN_S) is the worker's own exit (0.5 s was once too
+  little on a loaded machine: the runtime's SIGKILL came first). A DRAIN_TIMEOUT above 3 s declares
+  a longer window than the documented one; the posting then gets MIN_POST_S (1 s) after the cut.
 - The SDK's fitness checks (`rp_fitness.run_fitness_checks`, which `worker.run_worker` awaits before
   the job loop) `os._exit(1)` the worker on any failure, after the engine holds the machine's memory
   and disk. The worker makes the equivalent checks itself at the start (engine.machine_checks) and
@@ -60,17 +61,19 @@ from vllm_worker.serving.state import WorkerState
 log = logging.getLogger("vllm_worker")
 
 TEST_INPUT_FILE = "test_input.json"
-# The platform's SIGKILL after SIGTERM (the figure Runpod documents): the answers of cut jobs are posted before it.
+# The platform's SIGKILL after SIGTERM (the figure Runpod documents): the worker has exited before it.
 KILL_AFTER_S = 5.0
+# After a platform stop, what the worker keeps of the window for its own exit once the engine is stopped and the
+# answers posted: reaping the engine's killed processes and the interpreter's exit, on a machine that may be loaded.
+EXIT_MARGIN_S = 1.0
 # When DRAIN_TIMEOUT declares a window longer than KILL_AFTER_S, what the posting gets after the cut.
 MIN_POST_S = 1.0
-# After a platform stop, what the worker keeps of the window for its own exit once the engine is stopped.
-EXIT_MARGIN_S = 0.5
 
 
 def post_deadline(signal_at: float, drain_timeout: float) -> float:
-    """When the wait for the cut jobs' answers to be posted ends (same clock as `signal_at`)."""
-    return signal_at + max(KILL_AFTER_S, drain_timeout + MIN_POST_S)
+    """When the wait for the cut jobs' answers to be posted ends, and the engine's stop with it (same clock as
+    `signal_at`): EXIT_MARGIN_S before the platform's SIGKILL, or MIN_POST_S after a longer declared drain."""
+    return signal_at + max(KILL_AFTER_S - EXIT_MARGIN_S, drain_timeout + MIN_POST_S)
 
 
 def new_job_sentence() -> str:
@@ -169,11 +172,15 @@ class Shutdown:
 
     def engine_grace(self) -> float | None:
         """How long the engine's stop may wait for it before SIGKILL: VLLM_STOP_GRACE (None) before a signal;
-        after one, what is left of the platform's window (`post_deadline`) less the worker's own exit, so the
-        worker exits before the runtime's SIGKILL (exit code 0) however slowly the engine stops."""
+        after one, until `post_deadline`, which leaves the worker's own exit EXIT_MARGIN_S of the platform's
+        window, so the worker exits before the runtime's SIGKILL (exit code 0) however slowly the engine stops."""
         if self.signal_at is None:
             return None
-        return max(0.0, post_deadline(self.signal_at, self.drain_timeout) - EXIT_MARGIN_S - self.clock())
+        return max(0.0, post_deadline(self.signal_at, self.drain_timeout) - self.clock())
+
+    def since_signal(self) -> float | None:
+        """Seconds since the platform's first signal; None when there was none."""
+        return None if self.signal_at is None else self.clock() - self.signal_at
 
     def _stop_engine(self) -> None:
         if self.stop_engine is not None:
