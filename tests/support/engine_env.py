@@ -58,6 +58,10 @@ ENGINE_ENV: dict[str, str] = {
     # The default ("auto") pins the worker to core 0 and reserves the rest; it refuses a 1-core
     # box and fights the other test processes for that core. Unbound threads work everywhere.
     "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+    # One OpenMP thread an engine: the suite runs two tests at once, and two engines with one thread a core
+    # each spun against each other's threads: 6 streams of 400 tokens took 90 s each, 11 s with one thread
+    # (10 s and 7 s alone; docs/benchmarks.md, "The suite's own time").
+    "OMP_NUM_THREADS": "1",
     "PYTHONUNBUFFERED": "1",
 }
 # Legacy knob that silently overrides --kv-cache-memory-bytes (in GiB) when inherited.
