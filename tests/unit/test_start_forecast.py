@@ -219,8 +219,21 @@ def test_at_ready_the_watch_sets_the_start_against_the_forecast_and_gives_the_en
     line = caplog.records[-1].getMessage()
     assert "ready 200 s after the worker started; predicted 165 s before the download" in line
     assert line.endswith("; the engine before its download 30 s (predicted 0), the download 120 s (predicted 100)")
+    # With the engine's first line with the weights on disk (150 s into the launch), the start is split there and
+    # recorded: the download is what lies between the engine's configuration and that line.
+    marked = StartWatch(forecast(to_fetch=GB, rate=10e6, after=60.0, elapsed=5.0), 100.0, "acme/m", True, clock)
+    with caplog.at_level(logging.INFO, logger="vllm_worker"):
+        assert marked.at_ready(190.0, {"import_config": 30.0, "download": 80.0}, downloaded_at=150.0) == (30.0, 40.0)
+    assert marked.actual is not None and (marked.actual["download"], marked.actual["after_download"]) == (120.0, 40.0)
+    assert caplog.records[-1].getMessage().endswith(
+        "the engine before its download 30 s (predicted 0), the download 120 s (predicted 100), the engine after it 40 s "
+        "(predicted 60)"
+    )
+    # A mark outside the launch's span (not this launch's line) is not a split.
+    assert StartWatch(forecast(to_fetch=GB, rate=10e6), 0.0, "acme/m", True, clock).at_ready(190.0, {}, 200.0) is None
     cached = StartWatch(forecast(), 0.0, "acme/m", True, clock)
     assert cached.at_ready(42.0, {"import_config": 30.5, "weights_load": 1.0}) == (30.5, 11.5)
+    assert cached.at_ready(42.0, {"import_config": 30.5}, downloaded_at=31.0) == (30.5, 11.5)  # nothing fetched: whole
     assert cached.actual is not None and cached.actual["after_download"] == 11.5
 
 

@@ -67,8 +67,8 @@ class CacheSetup:
     warning: str | None = None  # why a mounted volume is not used
     repaired: list[str] = field(default_factory=list)  # torn entries removed before the launch
     served_from: str | None = None  # the on-disk snapshot the model is served from, part of the key
-    # The engine's start before its download and after it, at the last start of this configuration that fetched
-    # nothing (engine.start_forecast).
+    # The engine's start before its download and after it, at the last ready start of this configuration
+    # (engine.start_forecast; a start that fetched is split at its first line with the weights on disk).
     recorded_start: tuple[float, float] | None = None
 
     def status(self) -> dict[str, Any]:

@@ -129,7 +129,7 @@ def engine_start(
     platform: str, warm: bool, eager: bool, weights_bytes: int | None, recorded: tuple[float, float] | None
 ) -> tuple[float, float, str]:
     """The engine's start before its download and after it, and where the figures come from: the last start of
-    this configuration that fetched nothing (`recorded`), else the platform's figures and the weights read."""
+    this configuration (`recorded`, the download taken out), else the platform's figures and the weights read."""
     if recorded is not None and recorded[1] > 0:
         return max(0.0, recorded[0]), recorded[1], "the last ready start of this configuration on the volume"
     device = "cpu" if platform == "cpu" else "cuda"

@@ -72,16 +72,24 @@ class StartWatch:
     def startup_timeout(self, settings: settings_mod.Settings) -> float:
         return start_forecast.startup_timeout(settings.startup_timeout, settings.startup_timeout_set, self.current)
 
-    def at_ready(self, launch_seconds: float, phases: Mapping[str, float]) -> tuple[float, float] | None:
+    def at_ready(
+        self, launch_seconds: float, phases: Mapping[str, float], downloaded_at: float | None = None
+    ) -> tuple[float, float] | None:
         """The first launch is ready `launch_seconds` after it began: log predicted against actual, and return the
         engine's start before its download and after it, what the next start of this configuration is predicted
-        with: only from a start that fetched nothing (vLLM's own download line covers only part of a download,
-        and a start recorded with the rest in it was forecast at three times its time: bench/start_forecast.py,
-        2026-12-07)."""
+        with. A start that fetched is split at `downloaded_at` (seconds after the launch: the engine's first line
+        with the weights on disk); without that mark it is not recorded, since vLLM's own download line covers only
+        part of a download, and a start recorded with the rest in it was forecast at three times its time
+        (bench/start_forecast.py, 2026-12-07)."""
         total = self.clock() - self.began
-        download = phases.get("download", 0.0)
         before = min(launch_seconds, phases.get("import_config", 0.0))
-        after = launch_seconds - before if self.first.to_fetch <= 0 else None
+        download = phases.get("download", 0.0)
+        after: float | None = launch_seconds - before
+        if self.first.to_fetch > 0:
+            if downloaded_at is not None and before <= downloaded_at <= launch_seconds:
+                download, after = downloaded_at - before, launch_seconds - downloaded_at
+            else:
+                after = None
         self.actual = {
             "seconds_to_ready": round(total, 1),
             "before_launch": round(total - launch_seconds, 1),

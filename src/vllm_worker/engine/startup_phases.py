@@ -21,6 +21,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Literal, Mapping
 
+from vllm_worker.engine.download_progress import download_over
+
 CacheState = Literal["warm", "cold"]
 
 # The engine's phases, in the order of a start; the one line and the status job keep it.
@@ -91,6 +93,10 @@ class PhaseClock:
 
     def feed(self, at: float, line: str) -> None:
         """One line of the engine's output, `at` seconds after the launch started."""
+        if "downloaded" not in self.marks and download_over(line):
+            # The weights are on disk from here (vLLM's own download line covers only part of a download):
+            # what a start that fetched takes after its download is counted from this mark.
+            self.marks["downloaded"] = at
         for phase, pattern in _REPORTED:
             match = pattern.search(line)
             if match:
