@@ -135,6 +135,9 @@ def test_starts_on_one_volume_download_once_and_compile_once(tmp_path: Path, vol
     assert re.search(r"To fix: set RUNPOD_INIT_TIMEOUT=\d+ on the endpoint", lines[warning])
     assert "start forecast (before the download): ready about" in fetched_log
     assert fetched["start_forecast"]["actual"]["seconds_to_ready"] > 0
+    # The real engine's first line with the weights on disk splits the start that downloaded: it is recorded.
+    actual = fetched["start_forecast"]["actual"]
+    assert actual["after_download"] is not None and actual["download"] > 0, actual
     # The later starts fetch nothing; the third is predicted from the second's start of the same configuration.
     for report in (cold, warm):
         assert report["start_forecast"]["predicted"]["bytes_to_fetch"] == 0
