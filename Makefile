@@ -18,10 +18,11 @@ lint:
 
 # Two test processes, a test file each at a time: an engine boot is three Python imports of vLLM one
 # after another (one core), so two files share the two cores of the machine the suite was sized on.
+# Files in collection order, the slowest first (tests/conftest.py), so the end of the run is quick files.
 PYTEST_WORKERS ?= 2
 
 test: setup lint
-	.venv/bin/python -m pytest -ra -n $(PYTEST_WORKERS) --dist loadfile --durations=40
+	.venv/bin/python -m pytest -ra -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=40
 
 bench: setup
 	.venv/bin/python bench/proxy.py

@@ -6,6 +6,11 @@ The GPU tier (tests/gpu) is not collected where the worker lists no NVIDIA GPU (
 A skip at collection (a module-level `pytest.importorskip` or `pytest.skip(...,
 allow_module_level=True)`) would drop a whole file without a test report, so it is a
 failure too (tests/unit/test_ci_hook.py runs both cases in a child pytest).
+
+The order: `make test` hands whole files to two processes in collection order (`--dist loadfile
+--no-loadscope-reorder`), so the files that take minutes (the image tier, then the engine tier's slowest) are
+collected first and the many quick files fill in at the end, where xdist's own order (most tests first) left the
+minutes-long files for last and one process could run the last of them while the other waited.
 """
 
 from __future__ import annotations
@@ -22,6 +27,34 @@ IN_CI = os.environ.get("CI", "").lower() == "true"
 # The GPU tier needs a card; where there is none (CI, every developer's machine) it is not collected,
 # rather than skipped, so CI=true's rule below stays whole.
 collect_ignore = [] if list_gpus() else ["gpu"]
+
+# Collected first, in this order (the slowest files of a clean-clone run, 2026-12-07); then the rest of each tier.
+# The intake file comes after two long files that need no steady machine: its bounds count jobs a stalled worker
+# has not posted yet, and the image tier's build (its first test's setup) is the heaviest load of the run.
+SLOW_FIRST = (
+    "tests/image/",
+    "tests/engine/test_cold_start.py",
+    "tests/engine/test_self_healing.py",
+    "tests/engine/test_intake_real_engine.py",
+    "tests/engine/test_real_failures.py",
+    "tests/engine/test_misconfiguration_table.py",
+    "tests/engine/test_streams_whole.py",
+    "tests/engine/test_engine_hang.py",
+    "tests/engine/test_continuation_real_engine.py",
+    "tests/engine/test_platform_life.py",
+    "tests/engine/",
+    "tests/platform/",
+    "tests/integration/",
+)
+
+
+def _rank(nodeid: str) -> int:
+    return next((i for i, prefix in enumerate(SLOW_FIRST) if nodeid.startswith(prefix)), len(SLOW_FIRST))
+
+
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The slowest files first (a stable sort: within a file, and among the rest, the collection's order)."""
+    items.sort(key=lambda item: _rank(item.nodeid))
 
 
 @pytest.hookimpl(hookwrapper=True)
