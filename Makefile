@@ -18,7 +18,7 @@ lint:
 
 # Two test processes, a test file each at a time: an engine boot is three Python imports of vLLM one
 # after another (one core), so two files share the two cores of the machine the suite was sized on.
-# Files in collection order, the slowest first (tests/conftest.py), so the end of the run is quick files.
+# Files in collection order, the slowest first (tests/conftest.py says why).
 PYTEST_WORKERS ?= 2
 
 test: setup lint

@@ -8,9 +8,10 @@ allow_module_level=True)`) would drop a whole file without a test report, so it 
 failure too (tests/unit/test_ci_hook.py runs both cases in a child pytest).
 
 The order: `make test` hands whole files to two processes in collection order (`--dist loadfile
---no-loadscope-reorder`), so the files that take minutes (the image tier, then the engine tier's slowest) are
-collected first and the many quick files fill in at the end, where xdist's own order (most tests first) left the
-minutes-long files for last and one process could run the last of them while the other waited.
+--no-loadscope-reorder`), the files that take minutes (the image tier, then the engine tier's slowest) first and
+the many quick files at the end, in place of xdist's own order (most tests first). It did not shorten the run
+(3,028 s of tests against 3,050 s, 2026-12-07: both processes were busy to the end either way); what it keeps is
+the intake file away from the image build (below).
 """
 
 from __future__ import annotations

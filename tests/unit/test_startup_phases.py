@@ -100,14 +100,14 @@ def test_gpu_wordings_give_download_compile_capture_and_profiling() -> None:
 def test_the_first_line_with_the_weights_on_disk_marks_the_end_of_the_download() -> None:
     clock = PhaseClock()
     clock.feed(30.0, "(EngineCore pid=7) INFO [core.py:93] Initializing a V1 LLM engine (v0.32.0) with config: ...")
-    assert "downloaded" not in clock.marks
+    assert clock.downloaded_at is None
     clock.feed(88.5, "(EngineCore pid=7) INFO [weight_utils.py:450] Time spent downloading weights for acme/m: 41.2 s")
     clock.feed(90.0, "(EngineCore pid=7) INFO [default_loader.py:290] Loading weights took 1.50 seconds")
-    assert clock.marks["downloaded"] == 88.5  # the first such line, not a later one
+    assert clock.downloaded_at == 88.5  # the first such line, not a later one
     assert clock.phases()["download"] == 41.2 and clock.phases()["weights_load"] == 1.5
     quiet = PhaseClock()  # a download under 0.5 s has no line of its own: the load's line marks it
     quiet.feed(31.0, "Loading safetensors checkpoint shards:   0% Completed | 0/1 [00:00<?, ?it/s]")
-    assert quiet.marks["downloaded"] == 31.0
+    assert quiet.downloaded_at == 31.0
 
 
 def test_a_cache_loaded_on_a_gpu_is_warm_and_a_corrupt_artifact_is_named() -> None:

@@ -240,8 +240,7 @@ class Launcher:
         log.info("%s", warmed.line())
         compile_cache.record_ready(self.caches, built.argv, clock.cache)
         if self.start is not None and self.start.actual is None:
-            downloaded_at = clock.marks.get("downloaded")
-            compile_cache.record_start(self.caches, built.argv, self.start.at_ready(record["seconds"], phases, downloaded_at))
+            compile_cache.record_start(self.caches, built.argv, self.start.at_ready(record["seconds"], phases, clock.downloaded_at))
 
 
 @dataclass

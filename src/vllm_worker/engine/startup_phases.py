@@ -125,6 +125,11 @@ class PhaseClock:
         elif _COMPILED_FRESH.search(line) and self.cache is None:
             self.cache = "cold"
 
+    @property
+    def downloaded_at(self) -> float | None:
+        """Seconds after the launch of the engine's first line with the weights on disk; None before it."""
+        return self.marks.get("downloaded")
+
     def phases(self, ready_at: float | None = None) -> dict[str, float]:
         """The engine's phases in seconds, in start order; only those the engine printed (and `ready`)."""
         found: dict[str, float] = dict(self.reported)
