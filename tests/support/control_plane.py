@@ -26,6 +26,8 @@ refused with 401 and counted, so a test can assert the worker authenticated.
 from __future__ import annotations
 
 import json
+import select
+import socket
 import sys
 import threading
 import time
@@ -33,8 +35,11 @@ import uuid
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Callable
 from urllib.parse import parse_qs, urlsplit
+
+# How often a held job-take poll looks whether the worker has closed its connection.
+GONE_CHECK_S = 0.05
 
 
 @dataclass
@@ -98,6 +103,7 @@ class ControlPlane:
         # to hand out. Short, so a SIGTERMed worker's loop notices shutdown quickly.
         self.poll_wait = poll_wait
         self._cond = threading.Condition()
+        self._takes_held = 0
         self._jobs: dict[str, _Job] = {}
         self._queue: list[str] = []
         self._stops: list[str] = []
@@ -308,23 +314,40 @@ class ControlPlane:
             self._requests.append(request)
             self._cond.notify_all()
 
-    def _take(self, count: int) -> list[dict[str, Any]]:
+    def _take(self, count: int, gone: Callable[[], bool] = lambda: False) -> list[dict[str, Any]]:
+        """A held job-take poll; `gone` says the worker closed its connection, and then nothing is handed out (as
+        a server that reads a closed request's context does): a job submitted while the worker gives up its poll
+        stays queued rather than counted taken on a connection nobody reads (a clean-clone CI run saw that)."""
         deadline = time.monotonic() + self.poll_wait
         with self._cond:
-            while not self._queue and not self._closing:
+            self._takes_held += 1
+            try:
+                while not self._queue and not self._closing and not gone():
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._cond.wait(min(left, GONE_CHECK_S))
+                handed: list[dict[str, Any]] = []
+                now = time.monotonic()
+                while self._queue and len(handed) < count and not gone():
+                    job = self._jobs[self._queue.pop(0)]
+                    job.taken.append(now)
+                    handed.append({"id": job.id, "input": job.input})
+                self._asks.append((now, count, len(handed)))
+                return handed
+            finally:
+                self._takes_held -= 1
+                self._cond.notify_all()
+
+    def wait_for_no_take_held(self, timeout: float = 30.0) -> None:
+        """Block until no job-take poll is held open (the worker's last one answered, or given up and noticed)."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while self._takes_held:
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    break
+                    raise TimeoutError(f"a job-take poll still held after {timeout}s")
                 self._cond.wait(left)
-            handed = []
-            now = time.monotonic()
-            while self._queue and len(handed) < count:
-                job = self._jobs[self._queue.pop(0)]
-                job.taken.append(now)
-                handed.append({"id": job.id, "input": job.input})
-            self._asks.append((now, count, len(handed)))
-            self._cond.notify_all()
-            return handed
 
     def asks(self) -> list[tuple[float, int, int]]:
         """Every job-take the worker made: (when, jobs asked for: the batch_size, jobs handed out)."""
@@ -407,6 +430,14 @@ def _make_handler(cp: ControlPlane) -> type[BaseHTTPRequestHandler]:
             )
             return segments, query, route, authorized
 
+        def _client_gone(self) -> bool:
+            """The worker has closed this connection (its poll cancelled): readable, and nothing to read but EOF."""
+            try:
+                readable, _, _ = select.select([self.connection], [], [], 0)
+                return bool(readable) and self.connection.recv(1, socket.MSG_PEEK) == b""
+            except OSError:
+                return True
+
         def _path_ok(self, segments: list[str], length: int) -> bool:
             # The SDK must have substituted the worker id into the URL.
             return len(segments) == length and segments[1] == cp.endpoint_id and segments[3] == cp.worker_id
@@ -425,7 +456,7 @@ def _make_handler(cp: ControlPlane) -> type[BaseHTTPRequestHandler]:
                         count = int(query["batch_size"])
                     except (KeyError, ValueError):
                         return self._reply(HTTPStatus.UNPROCESSABLE_ENTITY, {"error": "batch_size missing"})
-                jobs = cp._take(count)
+                jobs = cp._take(count, self._client_gone)
                 if not jobs:
                     return self._reply(HTTPStatus.NO_CONTENT)
                 return self._reply(HTTPStatus.OK, jobs[0] if route == "take" else jobs)
