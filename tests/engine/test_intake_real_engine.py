@@ -40,7 +40,8 @@ from vllm_worker.serving import intake
 pytestmark = pytest.mark.engine
 
 # Three times what the cache holds: the platform queues for most of the burst. 40 until 2026-12-07; 20 beside two
-# CPU hogs read p95 2 (100 samples), raw p95 1 (205) and 2 (41), in 412 s for the three bursts where 40 took 918 s.
+# CPU hogs read p95 2 (100 samples), raw p95 1 (205) and 2 (41), in 412 s for the three bursts where 40 took 881 s
+# (stop 46's CI run).
 JOBS = 20
 # MAX_NUM_SEQS=3 runs them faster: 20 left 12 samples while the platform queued, 40 keeps a measurement.
 SEQS_JOBS = 40

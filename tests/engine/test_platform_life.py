@@ -68,17 +68,16 @@ class Worker:
                 return value
             time.sleep(0.05)
 
-
-def settled(worker: Worker, name: str, every_s: float = 1.0) -> float:
-    """A counter once two reads `every_s` apart agree (the API server has read all the engine made), or after SETTLE_S."""
-    deadline = time.monotonic() + SETTLE_S
-    value = worker.metric(name)
-    while time.monotonic() < deadline:
-        time.sleep(every_s)
-        value, last = worker.metric(name), value
-        if value == last:
-            break
-    return value
+    def settled(self, name: str, every_s: float = 1.0) -> float:
+        """A counter once two reads `every_s` apart agree (the API server has read all the engine made), or after SETTLE_S."""
+        deadline = time.monotonic() + SETTLE_S
+        value = self.metric(name)
+        while time.monotonic() < deadline:
+            time.sleep(every_s)
+            value, last = self.metric(name), value
+            if value == last:
+                break
+        return value
 
 
 def _usage(posted: list[dict[str, Any]]) -> list[Any]:
@@ -186,7 +185,7 @@ def test_a_cancelled_job_ends_its_request_in_the_engine(worker: Worker, stream: 
 
     idle = worker.wait_metric("vllm:num_requests_running", lambda v: v == 0)
     seconds = time.monotonic() - cancelled
-    generated = settled(worker, "vllm:generation_tokens_total") - before
+    generated = worker.settled("vllm:generation_tokens_total") - before
 
     # What the count proves is the end, not when: vLLM counts a token when its API server reads the engine's
     # output, and drops the rest of an aborted request uncounted, so a starved API server's count lags the
@@ -267,4 +266,3 @@ def test_a_drain_shorter_than_the_jobs_answers_them_that_the_worker_is_being_sto
     assert code == 0
     assert [p for p in engines if running(p)] == []
     assert "2 request(s) to the engine cut" in short.proc.log()
-

@@ -314,19 +314,24 @@ class ControlPlane:
             self._requests.append(request)
             self._cond.notify_all()
 
+    def _hold(self, ready: Callable[[], bool], gone: Callable[[], bool]) -> None:
+        """A long poll's hold (the lock held): until `ready()`, the stand-in closes, the worker closes its connection
+        (`gone`, looked at every GONE_CHECK_S), or poll_wait has passed."""
+        deadline = time.monotonic() + self.poll_wait
+        while not ready() and not self._closing and not gone():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            self._cond.wait(min(left, GONE_CHECK_S))
+
     def _take(self, count: int, gone: Callable[[], bool] = lambda: False) -> list[dict[str, Any]]:
         """A held job-take poll; `gone` says the worker closed its connection, and then nothing is handed out (as
         a server that reads a closed request's context does): a job submitted while the worker gives up its poll
         stays queued rather than counted taken on a connection nobody reads (a clean-clone CI run saw that)."""
-        deadline = time.monotonic() + self.poll_wait
         with self._cond:
             self._takes_held += 1
             try:
-                while not self._queue and not self._closing and not gone():
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        break
-                    self._cond.wait(min(left, GONE_CHECK_S))
+                self._hold(lambda: bool(self._queue), gone)
                 handed: list[dict[str, Any]] = []
                 now = time.monotonic()
                 while self._queue and len(handed) < count and not gone():
@@ -354,14 +359,12 @@ class ControlPlane:
         with self._cond:
             return list(self._asks)
 
-    def _take_stops(self) -> list[str]:
-        deadline = time.monotonic() + self.poll_wait
+    def _take_stops(self, gone: Callable[[], bool] = lambda: False) -> list[str]:
+        """A held stop poll; as `_take`, a stop is not handed to a connection the worker has closed."""
         with self._cond:
-            while not self._stops and not self._closing:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    break
-                self._cond.wait(left)
+            self._hold(lambda: bool(self._stops), gone)
+            if gone():
+                return []
             stops, self._stops = self._stops, []
             return stops
 
@@ -461,7 +464,7 @@ def _make_handler(cp: ControlPlane) -> type[BaseHTTPRequestHandler]:
                     return self._reply(HTTPStatus.NO_CONTENT)
                 return self._reply(HTTPStatus.OK, jobs[0] if route == "take" else jobs)
             if route == "stop" and self._path_ok(segments, 4):
-                stops = cp._take_stops()
+                stops = cp._take_stops(self._client_gone)
                 if not stops:
                     return self._reply(HTTPStatus.NO_CONTENT)
                 return self._reply(HTTPStatus.OK, {"jobsToStop": stops})
